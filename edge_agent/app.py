@@ -1,0 +1,185 @@
+"""The agent binary, top to bottom: startup -> run -> shutdown.
+
+Startup opens NVML (or the simulator), enumerates GPUs, builds the collectors, runs a
+first collection (which also tells which fields this node cannot supply), binds the
+local HTTP listener and only then tells systemd READY=1. Run collects every interval in
+a worker thread. Signals only set the stop event; shutdown closes in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from edge_agent import http_server
+from edge_agent.attribute import Attributor
+from edge_agent.catalog import load_counters
+from edge_agent.collect import Collection
+from edge_agent.collect_device import DeviceCollector
+from edge_agent.collect_process import ProcessCollector
+from edge_agent.config import AgentConfig, resolve_node_name
+from edge_agent.errors import NvmlUnavailable
+from edge_agent.model import Snapshot
+from edge_agent.nvml.backend import NvmlLib, open_real, text
+from edge_agent.nvml.devices import enumerate_gpus
+from edge_agent.sdnotify import notify
+from edge_agent.xid import XidWatcher
+
+log = logging.getLogger("edge_agent")
+
+SIMULATION_BANNER = (
+    "*** SIMULATED GPUs: {n} simulated GPU(s), seed {seed}{mig}. These values are synthetic, "
+    "not read from hardware; gpurelay_agent_info{{backend=\"simulated\"}} says so. ***"
+)
+
+
+@dataclass
+class Pipeline:
+    """Everything a collection needs, opened at startup and closed at shutdown."""
+
+    node: str
+    backend: str
+    lib: NvmlLib
+    collection: Collection
+    xid: XidWatcher
+    attributor: Attributor
+
+    def close(self) -> None:
+        self.xid.stop()
+        self.attributor.close()
+        with suppress(Exception):
+            self.lib.nvmlShutdown()
+
+
+def open_backend(cfg: AgentConfig) -> tuple[NvmlLib, str]:
+    if cfg.simulate.gpus > 0:
+        from edge_agent.nvml.simulator import SimulatedNvml
+
+        sim = SimulatedNvml(cfg.simulate.gpus, seed=cfg.simulate.seed, mig=cfg.simulate.mig)
+        sim.nvmlInit()
+        mig = ", MIG on GPU 0" if cfg.simulate.mig else ""
+        print(
+            SIMULATION_BANNER.format(n=cfg.simulate.gpus, seed=cfg.simulate.seed, mig=mig),
+            file=sys.stderr,
+            flush=True,
+        )
+        return sim, "simulated"
+    return open_real(), "nvml"
+
+
+def build_pipeline(cfg: AgentConfig, lib: NvmlLib, backend: str) -> Pipeline:
+    node = resolve_node_name(cfg.node_name, os.environ)
+    counters = load_counters(cfg.counters_file)
+    try:
+        driver = text(lib.nvmlSystemGetDriverVersion())
+        devices, problems = enumerate_gpus(lib)
+    except Exception as exc:
+        raise NvmlUnavailable(f"NVML answered but GPUs cannot be listed: {exc}") from exc
+    for problem in problems:
+        log.error(problem)
+    xid = XidWatcher(lib, devices)
+    a = cfg.attribution
+    attributor = Attributor(
+        proc_root=a.proc_root,
+        container_log_dir=a.container_log_dir,
+        pod_log_dir=a.pod_log_dir,
+        runtime_sockets=a.runtime_sockets,
+        cache_ttl=a.cache_ttl_seconds,
+        api_timeout=a.api_timeout_seconds,
+    )
+    device = DeviceCollector(lib, devices, counters, node=node, driver_version=driver, xid=xid)
+    process = ProcessCollector(lib, devices, attributor, node=node)
+    collection = Collection(
+        node=node,
+        backend=backend,
+        device=device,
+        process=process,
+        attribution_errors=lambda: dict(attributor.errors()),
+        process_interval=cfg.process_interval_seconds,
+    )
+    log.info(
+        "node %s: %d GPU(s) via %s, driver %s: %s",
+        node,
+        len(devices),
+        backend,
+        driver,
+        ", ".join(f"{d.index}={d.name}{' (MIG)' if d.mig else ''}" for d in devices) or "none",
+    )
+    return Pipeline(node, backend, lib, collection, xid, attributor)
+
+
+def first_collection(pipeline: Pipeline) -> Snapshot:
+    """Collect once and report, once, the fields this node cannot supply."""
+    pipeline.collection.collect()
+    device = pipeline.collection._device
+    unsupported = device.report_unsupported()
+    for field, reason in sorted(unsupported.items()):
+        log.warning("field %s is skipped: %s", field, reason)
+    pipeline.collection.unsupported = unsupported
+    return pipeline.collection.collect()
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.stop = asyncio.Event()
+        self.published = http_server.Published(max_age=max(3 * cfg.interval_seconds, 30.0))
+        self.pipeline: Pipeline | None = None
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def startup(self) -> None:
+        lib, backend = open_backend(self.cfg)
+        self.pipeline = build_pipeline(self.cfg, lib, backend)
+        self.pipeline.xid.start()
+        snapshot = await asyncio.to_thread(first_collection, self.pipeline)
+        self.published.publish(snapshot)
+        self.runner, self.port = await http_server.start(
+            self.published, self.cfg.listen_host, self.cfg.listen_port
+        )
+        log.info("serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host,
+                 self.port)
+        notify("READY=1")
+
+    async def run(self) -> None:
+        assert self.pipeline is not None
+        interval = self.cfg.interval_seconds
+        next_at = time.monotonic() + interval
+        while not self.stop.is_set():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), max(next_at - time.monotonic(), 0))
+                break
+            next_at += interval
+            if next_at < time.monotonic():  # fell behind (hung NVML call): do not burst
+                next_at = time.monotonic() + interval
+            snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
+            self.published.publish(snapshot)
+            notify("WATCHDOG=1")
+
+    async def shutdown(self) -> None:
+        notify("STOPPING=1")
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.pipeline is not None:
+            self.pipeline.close()
+        log.info("stopped")
+
+
+async def serve(cfg: AgentConfig) -> None:
+    agent = Agent(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, agent.stop.set)
+    try:
+        await agent.startup()
+        await agent.run()
+    finally:
+        await agent.shutdown()

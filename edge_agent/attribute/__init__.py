@@ -1,0 +1,13 @@
+"""Attribution: GPU process id → container → Kubernetes pod, without the Kubernetes API.
+
+``cgroup`` parses ``/proc/<pid>/cgroup`` (pure), ``kubelet`` indexes the kubelet's log
+directories, ``runtime_api`` asks the Docker/Podman API for names, and ``attributor`` ties
+them together with caching and error counting.
+"""
+
+from __future__ import annotations
+
+from edge_agent.attribute.attributor import HOST, Attribution, Attributor
+from edge_agent.attribute.cgroup import CgroupRef, parse_cgroup
+
+__all__ = ["HOST", "Attribution", "Attributor", "CgroupRef", "parse_cgroup"]

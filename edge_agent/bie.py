@@ -1,0 +1,41 @@
+"""Baidu BIE ``/v1/collect``: a map from node name to the node's GPU memory summary.
+
+Format (shared/seeds/bie-custom-accelerator-metrics.zh.txt): ``{node: {deviceNum,
+devices: [{usedMemory, totalMemory, percent}], usedMemory, totalMemory, percent}}``,
+memory in bytes, ``percent`` the used/total fraction (0..1), sums over all cards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from edge_agent.model import GpuInventory
+
+
+def _fraction(used: int, total: int) -> float:
+    return used / total if total > 0 else 0.0
+
+
+def node_summary(gpus: Iterable[GpuInventory]) -> dict[str, Any]:
+    devices = [
+        {
+            "usedMemory": g.memory_used_bytes,
+            "totalMemory": g.memory_total_bytes,
+            "percent": _fraction(g.memory_used_bytes, g.memory_total_bytes),
+        }
+        for g in gpus
+    ]
+    used = sum(d["usedMemory"] for d in devices)
+    total = sum(d["totalMemory"] for d in devices)
+    return {
+        "deviceNum": len(devices),
+        "devices": devices,
+        "usedMemory": used,
+        "totalMemory": total,
+        "percent": _fraction(used, total),
+    }
+
+
+def collect_document(node: str, gpus: Iterable[GpuInventory]) -> dict[str, Any]:
+    return {node: node_summary(gpus)}

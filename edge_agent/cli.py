@@ -1,0 +1,120 @@
+"""``edge-agent run|once``: argument parsing and one-line errors instead of tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from edge_agent import __version__
+from edge_agent.bie import collect_document
+from edge_agent.config import AgentConfig, load
+from edge_agent.errors import AgentError, ConfigError
+from edge_agent.exposition import render_text
+from edge_agent.model import Snapshot
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edge-agent", description="edge-gpu-relay edge agent")
+    p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="TOML config file")
+    common.add_argument("--simulate", type=int, metavar="N", help="use N simulated GPUs")
+    common.add_argument("--simulate-seed", type=int, metavar="SEED")
+    common.add_argument("--simulate-mig", action="store_true", help="GPU 0 in MIG mode")
+    common.add_argument("--node-name", help="node name (default: config, KUBE_NODE_NAME, "
+                        "NODE_NAME, hostname)")
+    common.add_argument("--counters", type=Path, help="dcgm-exporter counters CSV")
+    run = sub.add_parser("run", parents=[common], help="collect and serve until stopped")
+    run.add_argument("--listen", help="HOST:PORT for /metrics (default 127.0.0.1:9400)")
+    run.add_argument("--interval", type=float, metavar="SECONDS", help="collection interval")
+    once = sub.add_parser("once", parents=[common], help="print one collection and exit")
+    once.add_argument("--format", choices=("prometheus", "json", "bie"), default="prometheus")
+    return p
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    cfg = load(args.config)
+    sim = cfg.simulate
+    if args.simulate is not None:
+        if args.simulate < 1:
+            raise ConfigError("--simulate needs at least 1 GPU")
+        sim = dataclasses.replace(sim, gpus=args.simulate)
+    if args.simulate_seed is not None:
+        sim = dataclasses.replace(sim, seed=args.simulate_seed)
+    if args.simulate_mig:
+        sim = dataclasses.replace(sim, mig=True)
+    changes: dict[str, Any] = {"simulate": sim}
+    if args.node_name:
+        changes["node_name"] = args.node_name
+    if args.counters:
+        changes["counters_file"] = args.counters
+    if getattr(args, "listen", None):
+        changes["listen"] = args.listen
+    if getattr(args, "interval", None):
+        changes["interval_seconds"] = args.interval
+        changes["process_interval_seconds"] = args.interval
+    return dataclasses.replace(cfg, **changes)
+
+
+def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "node": snapshot.node,
+        "timestamp": snapshot.timestamp,
+        "gpus": [dataclasses.asdict(g) for g in snapshot.gpus],
+        "families": [dataclasses.asdict(f) for f in snapshot.families],
+        "samples": [
+            {"name": s.name, "labels": dict(s.labels), "value": s.value}
+            for s in snapshot.samples
+        ],
+    }
+
+
+def _once(cfg: AgentConfig, fmt: str) -> None:
+    from edge_agent.app import build_pipeline, first_collection, open_backend
+
+    lib, backend = open_backend(cfg)
+    pipeline = build_pipeline(cfg, lib, backend)
+    try:
+        snapshot = first_collection(pipeline)
+    finally:
+        pipeline.close()
+    if fmt == "prometheus":
+        sys.stdout.write(render_text(snapshot).decode())
+    elif fmt == "json":
+        json.dump(snapshot_json(snapshot), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        json.dump(collect_document(snapshot.node, snapshot.gpus), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = _config(args)
+        logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+        if args.command == "once":
+            _once(cfg, args.format)
+        else:
+            from edge_agent.app import serve
+
+            asyncio.run(serve(cfg))
+    except AgentError as exc:
+        print(f"edge-agent: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

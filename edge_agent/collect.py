@@ -1,0 +1,153 @@
+"""One collection cycle: run every collector, time it, add the agent's own metrics.
+
+Like node_exporter's wrapper, a collector that raises does not fail the cycle: it shows
+up as ``gpurelay_collector_success{collector} 0`` with its duration, and the previous
+samples of a collector that runs less often (processes) are reused until it runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from edge_agent import __version__
+from edge_agent.collect_device import DeviceCollector
+from edge_agent.collect_process import ProcessCollector
+from edge_agent.model import Family, GpuInventory, SampleSink, Snapshot
+
+log = logging.getLogger(__name__)
+
+SELF_FAMILIES = (
+    Family(name="gpurelay_agent_info", type="gauge",
+           help="Agent build and backend; backend=\"simulated\" means the values are synthetic."),
+    Family(name="gpurelay_collector_success", type="gauge",
+           help="1 when the collector's last run succeeded for every GPU, else 0."),
+    Family(name="gpurelay_collector_duration_seconds", type="gauge",
+           help="Wall time of the collector's last run."),
+    Family(name="gpurelay_agent_unsupported_field", type="gauge",
+           help="A field of the counters file that this node cannot supply (skipped)."),
+    Family(name="gpurelay_agent_gpu_healthy", type="gauge",
+           help="1 when the GPU answered NVML in the last cycle, 0 when it is lost."),
+    Family(name="gpurelay_agent_nvml_errors_total", type="counter",
+           help="NVML calls that failed, by field and error."),
+    Family(name="gpurelay_agent_attribution_errors_total", type="counter",
+           help="PIDs that could not be attributed to a container, by reason."),
+    Family(name="gpurelay_agent_collections_total", type="counter",
+           help="Collection cycles completed."),
+    Family(name="gpurelay_agent_last_collection_timestamp_seconds", type="gauge",
+           help="Unix time of the last completed collection cycle."),
+)
+
+
+class ErrorSource(Protocol):
+    def errors(self) -> dict[str, int]: ...
+
+
+class Collection:
+    """Owns the collectors and produces a :class:`Snapshot` per cycle."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        backend: str,
+        device: DeviceCollector,
+        process: ProcessCollector | None,
+        attribution_errors: Callable[[], dict[str, int]] | None = None,
+        process_interval: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._node = node
+        self._backend = backend
+        self._device = device
+        self._process = process
+        self._attribution_errors = attribution_errors
+        self._process_interval = process_interval
+        self._clock = clock
+        self._last_process_run = float("-inf")
+        self._process_sink = SampleSink()
+        self._status: dict[str, tuple[bool, float]] = {}
+        self._cycles = 0
+        self.unsupported: dict[str, str] = {}
+
+    def collect(self) -> Snapshot:
+        sink = SampleSink()
+        for fam in SELF_FAMILIES:
+            sink.declare(fam)
+        gpus = self._run_device(sink)
+        self._run_process(sink)
+        self._cycles += 1
+        now = self._clock()
+        self._self_metrics(sink, gpus, now)
+        return Snapshot(
+            node=self._node,
+            timestamp=now,
+            families=sink.families,
+            samples=sink.samples,
+            gpus=tuple(gpus),
+        )
+
+    def _run_device(self, sink: SampleSink) -> list[GpuInventory]:
+        start = time.perf_counter()
+        part = SampleSink()
+        try:
+            gpus = self._device.collect(part)
+            ok = all(g.healthy for g in gpus)
+        except Exception:
+            log.exception("device collector failed")
+            gpus, ok = [], False
+        self._status["device"] = (ok, time.perf_counter() - start)
+        sink.extend(part)
+        return gpus
+
+    def _run_process(self, sink: SampleSink) -> None:
+        if self._process is None:
+            return
+        now = self._clock()
+        if now - self._last_process_run >= self._process_interval:
+            self._last_process_run = now
+            start = time.perf_counter()
+            part = SampleSink()
+            try:
+                self._process.collect(part)
+                ok = True
+            except Exception:
+                log.exception("process collector failed")
+                ok = False
+                for fam in self._process.families:
+                    part.declare(fam)
+            self._status["process"] = (ok, time.perf_counter() - start)
+            self._process_sink = part
+        sink.extend(self._process_sink)
+
+    def _self_metrics(self, sink: SampleSink, gpus: list[GpuInventory], now: float) -> None:
+        sink.add(
+            "gpurelay_agent_info",
+            (("version", __version__), ("backend", self._backend), ("node", self._node)),
+            1.0,
+        )
+        for name, (ok, seconds) in self._status.items():
+            sink.add("gpurelay_collector_success", (("collector", name),), 1.0 if ok else 0.0)
+            sink.add("gpurelay_collector_duration_seconds", (("collector", name),), seconds)
+        for field, reason in sorted(self.unsupported.items()):
+            sink.add("gpurelay_agent_unsupported_field", (("field", field), ("reason", reason)), 1)
+        for g in gpus:
+            sink.add(
+                "gpurelay_agent_gpu_healthy",
+                (("gpu", str(g.index)), ("UUID", g.uuid)),
+                1.0 if g.healthy else 0.0,
+            )
+        nvml_errors = dict(self._device.errors)
+        for (field, error), n in sorted(nvml_errors.items()):
+            sink.add("gpurelay_agent_nvml_errors_total", (("field", field), ("error", error)), n)
+        if self._process is not None:
+            for error, n in sorted(self._process.errors.items()):
+                labels = (("field", "process"), ("error", error))
+                sink.add("gpurelay_agent_nvml_errors_total", labels, n)
+        if self._attribution_errors is not None:
+            for reason, n in sorted(self._attribution_errors().items()):
+                sink.add("gpurelay_agent_attribution_errors_total", (("reason", reason),), n)
+        sink.add("gpurelay_agent_collections_total", (), float(self._cycles))
+        sink.add("gpurelay_agent_last_collection_timestamp_seconds", (), now)

@@ -1,0 +1,190 @@
+"""Device collector: dcgm-exporter fields for every GPU and MIG instance.
+
+Which fields are read is decided by the counters CSV; where each comes from is
+:mod:`edge_agent.fields`. A field that fails degrades that one series; a GPU that is
+lost degrades that GPU; neither stops the cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pynvml
+
+from edge_agent.catalog import CounterSpec
+from edge_agent.fields import LABEL_SOURCES, NO_SOURCE_REASONS, SOURCES, FieldSource, Probe
+from edge_agent.model import Family, GpuInventory, Labels, SampleSink
+from edge_agent.nvml.backend import NvmlLib
+from edge_agent.nvml.devices import GpuDevice
+from edge_agent.xid import XidWatcher
+
+log = logging.getLogger(__name__)
+
+# Errors that mean "this GPU cannot be read at all right now".
+_GPU_FATAL = (pynvml.NVMLError_GPUIsLost, pynvml.NVMLError_ResetRequired)
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Active:
+    spec: CounterSpec
+    source: FieldSource
+
+
+class DeviceCollector:
+    name = "device"
+
+    def __init__(
+        self,
+        lib: NvmlLib,
+        devices: Sequence[GpuDevice],
+        counters: Sequence[CounterSpec],
+        *,
+        node: str,
+        driver_version: str,
+        xid: XidWatcher | None = None,
+    ) -> None:
+        self._lib = lib
+        self._devices = list(devices)
+        self._node = node
+        self._xid = xid
+        self.unsupported: dict[str, str] = {}
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self._skip: set[tuple[str, str]] = set()  # (gpu uuid, field) NOT_SUPPORTED there
+        self._lost: dict[str, str] = {}
+        self._active: list[_Active] = []
+        label_fields: list[str] = []
+        for spec in counters:
+            if spec.kind == "label":
+                if spec.field in LABEL_SOURCES:
+                    label_fields.append(spec.field)
+                else:
+                    self.unsupported[spec.field] = "no NVML source for this label field"
+                continue
+            source = SOURCES.get(spec.field)
+            if source is None:
+                self.unsupported[spec.field] = NO_SOURCE_REASONS.get(
+                    spec.field, "no NVML source for this field"
+                )
+                continue
+            if spec.field == "DCGM_FI_DEV_XID_ERRORS" and (xid is None or xid.unsupported_reason):
+                self.unsupported[spec.field] = xid.unsupported_reason if xid else "no event set"
+                continue
+            self._active.append(_Active(spec, source))
+        self.families = tuple(
+            Family(name=a.spec.field, type=a.spec.kind, help=a.spec.help)  # type: ignore[arg-type]
+            for a in self._active
+        )
+        self._base = {d.uuid: self._labels(d, label_fields, driver_version) for d in devices}
+
+    def _labels(self, dev: GpuDevice, label_fields: list[str], driver: str) -> Labels:
+        extra = {
+            "DCGM_FI_DRIVER_VERSION": driver,
+            "DCGM_FI_DEV_NAME": dev.name,
+            "DCGM_FI_DEV_UUID": dev.uuid,
+            "DCGM_FI_DEV_PCI_BUSID": dev.pci_bus_id,
+        }
+        labels = [
+            ("gpu", str(dev.index)),
+            ("UUID", dev.uuid),
+            ("device", f"nvidia{dev.minor}"),
+            ("modelName", dev.name),
+            ("pci_bus_id", dev.pci_bus_id),
+            ("Hostname", self._node),
+            ("DCGM_FI_DRIVER_VERSION", driver),
+        ]
+        labels += [(f, extra[f]) for f in label_fields if f != "DCGM_FI_DRIVER_VERSION"]
+        return tuple(labels)
+
+    def collect(self, sink: SampleSink) -> list[GpuInventory]:
+        """Read every active field of every GPU into ``sink``; return the inventory."""
+        for fam in self.families:
+            sink.declare(fam)
+        inventory = []
+        for dev in self._devices:
+            inventory.append(self._collect_gpu(dev, sink))
+        return inventory
+
+    def _collect_gpu(self, dev: GpuDevice, sink: SampleSink) -> GpuInventory:
+        xid = self._xid.last(dev.uuid) if self._xid else None
+        probe = Probe(self._lib, dev.handle, xid)
+        base = self._base[dev.uuid]
+        healthy = True
+        try:
+            if not dev.mig_enabled:
+                self._read_fields(dev, probe, base, sink, mig=False)
+            else:
+                self._read_fields(dev, probe, base, sink, mig=False)
+                for inst in dev.mig:
+                    labels = (
+                        *base,
+                        ("GPU_I_PROFILE", inst.profile),
+                        ("GPU_I_ID", str(inst.gpu_instance_id)),
+                    )
+                    self._read_fields(dev, Probe(self._lib, inst.handle), labels, sink, mig=True)
+            total, _reserved, _free, used = probe.memory()
+            if dev.uuid in self._lost:
+                log.warning("GPU %d (%s) answers again", dev.index, dev.uuid)
+                del self._lost[dev.uuid]
+        except _GPU_FATAL as exc:
+            healthy = False
+            total = used = 0
+            if dev.uuid not in self._lost:
+                log.error("GPU %d (%s) cannot be read: %s", dev.index, dev.uuid, exc)
+            self._lost[dev.uuid] = str(exc)
+            self.errors[("gpu", type(exc).__name__)] += 1
+        except pynvml.NVMLError as exc:  # memory info failed for another reason
+            total = used = 0
+            self.errors[("memory", type(exc).__name__)] += 1
+        return GpuInventory(
+            index=dev.index,
+            uuid=dev.uuid,
+            name=dev.name,
+            pci_bus_id=dev.pci_bus_id,
+            minor=dev.minor,
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            mig_enabled=dev.mig_enabled,
+            healthy=healthy,
+        )
+
+    def _read_fields(
+        self, dev: GpuDevice, probe: Probe, labels: Labels, sink: SampleSink, *, mig: bool
+    ) -> None:
+        skip = self._skip
+        for active in self._active:
+            name = active.spec.field
+            if mig and not active.source.mig:
+                continue
+            key = (dev.uuid if not mig else f"{dev.uuid}/{labels[-1][1]}", name)
+            if key in skip:
+                continue
+            try:
+                value = active.source.read(probe)
+            except _GPU_FATAL:
+                raise
+            except pynvml.NVMLError_NotSupported:
+                skip.add(key)
+                if not mig:
+                    log.info("GPU %d (%s): %s not supported, skipped", dev.index, dev.uuid, name)
+                continue
+            except pynvml.NVMLError as exc:
+                self.errors[(name, type(exc).__name__)] += 1
+                continue
+            sink.add(name, labels, float(value))
+
+    def report_unsupported(self) -> dict[str, str]:
+        """Fields nobody can serve: no NVML source, or NOT_SUPPORTED on every GPU."""
+        report = dict(self.unsupported)
+        if self._devices:
+            for active in self._active:
+                name = active.spec.field
+                if all((d.uuid, name) in self._skip for d in self._devices):
+                    report[name] = "not supported by any GPU on this node"
+        return report
+
+    def lost_gpus(self) -> dict[str, str]:
+        return dict(self._lost)

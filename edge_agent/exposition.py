@@ -1,0 +1,95 @@
+"""Render a snapshot in the Prometheus text format (0.0.4) or OpenMetrics 1.0.
+
+Pure functions. The body is family-major: every family's samples are grouped under its
+``# HELP``/``# TYPE`` header, as the text format requires.
+
+Names are kept exactly as dcgm-exporter and ACK publish them. dcgm-exporter's counters do
+not end in ``_total``; OpenMetrics would force a ``_total`` suffix onto counter samples
+and so rename them in the TSDB, which breaks every existing dashboard and HPA rule. In
+OpenMetrics such counters are therefore typed ``unknown`` (same sample name, same
+values); our own ``gpurelay_*_total`` counters are proper OpenMetrics counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from edge_agent.model import Family, Labels, Sample, Snapshot
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """Content negotiation as Prometheus does it: OpenMetrics only when asked for."""
+    for part in accept.split(","):
+        if part.split(";", 1)[0].strip() == "application/openmetrics-text":
+            return True
+    return False
+
+
+def format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
+    return "{" + inner + "}"
+
+
+def _grouped(families: Iterable[Family], samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    groups: dict[str, list[Sample]] = {f.name: [] for f in families}
+    for s in samples:
+        groups.setdefault(s.name, []).append(s)
+    return groups
+
+
+def render_text(snapshot: Snapshot) -> bytes:
+    out: list[str] = []
+    types = {f.name: f for f in snapshot.families}
+    for name, samples in _grouped(snapshot.families, snapshot.samples).items():
+        if not samples:
+            continue
+        fam = types.get(name)
+        if fam is not None:
+            out.append(f"# HELP {name} {escape_help(fam.help)}\n# TYPE {name} {fam.type}\n")
+        out.extend(f"{name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples)
+    return "".join(out).encode()
+
+
+def render_openmetrics(snapshot: Snapshot) -> bytes:
+    out: list[str] = []
+    types = {f.name: f for f in snapshot.families}
+    for name, samples in _grouped(snapshot.families, snapshot.samples).items():
+        if not samples:
+            continue
+        fam = types.get(name)
+        family_name, kind = name, fam.type if fam else "unknown"
+        if kind == "counter":
+            if name.endswith("_total"):
+                family_name = name[: -len("_total")]
+            else:
+                kind = "unknown"
+        if fam is not None:
+            out.append(f"# HELP {family_name} {escape_help(fam.help)}\n")
+        out.append(f"# TYPE {family_name} {kind}\n")
+        out.extend(f"{name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples)
+    out.append("# EOF\n")
+    return "".join(out).encode()

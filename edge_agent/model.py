@@ -1,0 +1,86 @@
+"""The data model shared by every stage: metric families, samples and a snapshot.
+
+A collection produces one immutable :class:`Snapshot`; the local exporter renders it and
+(in the next stage) the encoder ships it. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+MetricType = Literal["gauge", "counter"]
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Family:
+    """A metric family: name, Prometheus type and help text."""
+
+    name: str
+    type: MetricType
+    help: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of one series; labels are ordered (name, value) pairs."""
+
+    name: str
+    labels: Labels
+    value: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuInventory:
+    """What the agent knows about one physical GPU (for BIE, hello frames and logs)."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    minor: int
+    memory_total_bytes: int
+    memory_used_bytes: int
+    mig_enabled: bool = False
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """The result of one collection: families (in render order), samples, inventory."""
+
+    node: str
+    timestamp: float
+    families: tuple[Family, ...]
+    samples: tuple[Sample, ...]
+    gpus: tuple[GpuInventory, ...] = field(default=())
+
+
+class SampleSink:
+    """Collects families and samples in first-declared order while a collector runs."""
+
+    __slots__ = ("_families", "_samples")
+
+    def __init__(self) -> None:
+        self._families: dict[str, Family] = {}
+        self._samples: list[Sample] = []
+
+    def declare(self, family: Family) -> None:
+        self._families.setdefault(family.name, family)
+
+    def add(self, name: str, labels: Labels, value: float) -> None:
+        self._samples.append(Sample(name, labels, value))
+
+    def extend(self, other: SampleSink) -> None:
+        for fam in other._families.values():
+            self.declare(fam)
+        self._samples.extend(other._samples)
+
+    @property
+    def families(self) -> tuple[Family, ...]:
+        return tuple(self._families.values())
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        return tuple(self._samples)
