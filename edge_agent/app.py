@@ -9,13 +9,17 @@ a worker thread. Signals only set the stop event; shutdown closes in reverse ord
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -27,7 +31,6 @@ from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import AgentConfig, resolve_node_name
 from edge_agent.errors import NvmlUnavailable
-from edge_agent.model import Snapshot
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.sdnotify import notify
@@ -51,31 +54,72 @@ class Pipeline:
     collection: Collection
     xid: XidWatcher
     attributor: Attributor
+    scratch: tempfile.TemporaryDirectory[str] | None = None
 
     def close(self) -> None:
         self.xid.stop()
         self.attributor.close()
         with suppress(Exception):
             self.lib.nvmlShutdown()
+        if self.scratch is not None:
+            self.scratch.cleanup()
 
 
-def open_backend(cfg: AgentConfig) -> tuple[NvmlLib, str]:
-    if cfg.simulate.gpus > 0:
-        from edge_agent.nvml.simulator import SimulatedNvml
+@dataclass
+class Backend:
+    lib: NvmlLib
+    name: str
+    cfg: AgentConfig  # with attribution paths pointed at the fake host when simulating
+    scratch: tempfile.TemporaryDirectory[str] | None = None
 
-        sim = SimulatedNvml(cfg.simulate.gpus, seed=cfg.simulate.seed, mig=cfg.simulate.mig)
-        sim.nvmlInit()
-        mig = ", MIG on GPU 0" if cfg.simulate.mig else ""
-        print(
-            SIMULATION_BANNER.format(n=cfg.simulate.gpus, seed=cfg.simulate.seed, mig=mig),
-            file=sys.stderr,
-            flush=True,
+
+def open_backend(cfg: AgentConfig) -> Backend:
+    if cfg.simulate.gpus <= 0:
+        return Backend(open_real(), "nvml", cfg)
+    from edge_agent import simhost
+    from edge_agent.nvml.simulator import SimulatedNvml
+
+    sim_cfg = cfg.simulate
+    pids = None
+    scratch = None
+    if sim_cfg.fake_host:
+        scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simhost-")
+        pids = simhost.default_pids(sim_cfg.gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
+        host = simhost.build(Path(scratch.name), pids, sim_cfg.seed)
+        attribution = dataclasses.replace(
+            cfg.attribution,
+            proc_root=host.proc_root,
+            container_log_dir=host.container_log_dir,
+            pod_log_dir=host.pod_log_dir,
+            runtime_sockets=(),
         )
-        return sim, "simulated"
-    return open_real(), "nvml"
+        cfg = dataclasses.replace(cfg, attribution=attribution)
+    sim = SimulatedNvml(
+        sim_cfg.gpus,
+        seed=sim_cfg.seed,
+        mig=sim_cfg.mig,
+        processes_per_gpu=sim_cfg.processes_per_gpu,
+        pids=pids,
+    )
+    sim.nvmlInit()
+    mig = ", MIG on GPU 0" if sim_cfg.mig else ""
+    print(
+        SIMULATION_BANNER.format(n=sim_cfg.gpus, seed=sim_cfg.seed, mig=mig),
+        file=sys.stderr,
+        flush=True,
+    )
+    if scratch is not None:
+        log.info("simulated processes live in a fake host tree at %s", scratch.name)
+    return Backend(sim, "simulated", cfg, scratch)
 
 
-def build_pipeline(cfg: AgentConfig, lib: NvmlLib, backend: str) -> Pipeline:
+def build_pipeline(
+    backend_: Backend,
+    *,
+    clock: Callable[[], float] = time.time,
+    timer: Callable[[], float] = time.perf_counter,
+) -> Pipeline:
+    cfg, lib, backend = backend_.cfg, backend_.lib, backend_.name
     node = resolve_node_name(cfg.node_name, os.environ)
     counters = load_counters(cfg.counters_file)
     try:
@@ -104,6 +148,8 @@ def build_pipeline(cfg: AgentConfig, lib: NvmlLib, backend: str) -> Pipeline:
         process=process,
         attribution_errors=lambda: dict(attributor.errors()),
         process_interval=cfg.process_interval_seconds,
+        clock=clock,
+        timer=timer,
     )
     log.info(
         "node %s: %d GPU(s) via %s, driver %s: %s",
@@ -113,18 +159,7 @@ def build_pipeline(cfg: AgentConfig, lib: NvmlLib, backend: str) -> Pipeline:
         driver,
         ", ".join(f"{d.index}={d.name}{' (MIG)' if d.mig else ''}" for d in devices) or "none",
     )
-    return Pipeline(node, backend, lib, collection, xid, attributor)
-
-
-def first_collection(pipeline: Pipeline) -> Snapshot:
-    """Collect once and report, once, the fields this node cannot supply."""
-    pipeline.collection.collect()
-    device = pipeline.collection._device
-    unsupported = device.report_unsupported()
-    for field, reason in sorted(unsupported.items()):
-        log.warning("field %s is skipped: %s", field, reason)
-    pipeline.collection.unsupported = unsupported
-    return pipeline.collection.collect()
+    return Pipeline(node, backend, lib, collection, xid, attributor, backend_.scratch)
 
 
 class Agent:
@@ -137,10 +172,9 @@ class Agent:
         self.port = 0
 
     async def startup(self) -> None:
-        lib, backend = open_backend(self.cfg)
-        self.pipeline = build_pipeline(self.cfg, lib, backend)
+        self.pipeline = build_pipeline(open_backend(self.cfg))
         self.pipeline.xid.start()
-        snapshot = await asyncio.to_thread(first_collection, self.pipeline)
+        snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
         self.published.publish(snapshot)
         self.runner, self.port = await http_server.start(
             self.published, self.cfg.listen_host, self.cfg.listen_port

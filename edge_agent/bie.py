@@ -13,7 +13,7 @@ from typing import Any
 from edge_agent.model import GpuInventory
 
 
-def _fraction(used: int, total: int) -> float:
+def _fraction(used: float, total: float) -> float:
     return used / total if total > 0 else 0.0
 
 

@@ -79,12 +79,11 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
 
 
 def _once(cfg: AgentConfig, fmt: str) -> None:
-    from edge_agent.app import build_pipeline, first_collection, open_backend
+    from edge_agent.app import build_pipeline, open_backend
 
-    lib, backend = open_backend(cfg)
-    pipeline = build_pipeline(cfg, lib, backend)
+    pipeline = build_pipeline(open_backend(cfg))
     try:
-        snapshot = first_collection(pipeline)
+        snapshot = pipeline.collection.collect()
     finally:
         pipeline.close()
     if fmt == "prometheus":

@@ -58,6 +58,7 @@ class Collection:
         attribution_errors: Callable[[], dict[str, int]] | None = None,
         process_interval: float = 0.0,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._node = node
         self._backend = backend
@@ -66,6 +67,7 @@ class Collection:
         self._attribution_errors = attribution_errors
         self._process_interval = process_interval
         self._clock = clock
+        self._timer = timer
         self._last_process_run = float("-inf")
         self._process_sink = SampleSink()
         self._status: dict[str, tuple[bool, float]] = {}
@@ -74,9 +76,9 @@ class Collection:
 
     def collect(self) -> Snapshot:
         sink = SampleSink()
-        for fam in SELF_FAMILIES:
-            sink.declare(fam)
         gpus = self._run_device(sink)
+        if self._cycles == 0:
+            self._report_unsupported()
         self._run_process(sink)
         self._cycles += 1
         now = self._clock()
@@ -89,8 +91,14 @@ class Collection:
             gpus=tuple(gpus),
         )
 
+    def _report_unsupported(self) -> None:
+        """Once, after the first device pass: the fields this node cannot supply."""
+        self.unsupported = self._device.report_unsupported()
+        for field, reason in sorted(self.unsupported.items()):
+            log.warning("field %s is skipped: %s", field, reason)
+
     def _run_device(self, sink: SampleSink) -> list[GpuInventory]:
-        start = time.perf_counter()
+        start = self._timer()
         part = SampleSink()
         try:
             gpus = self._device.collect(part)
@@ -98,7 +106,7 @@ class Collection:
         except Exception:
             log.exception("device collector failed")
             gpus, ok = [], False
-        self._status["device"] = (ok, time.perf_counter() - start)
+        self._status["device"] = (ok, self._timer() - start)
         sink.extend(part)
         return gpus
 
@@ -108,7 +116,7 @@ class Collection:
         now = self._clock()
         if now - self._last_process_run >= self._process_interval:
             self._last_process_run = now
-            start = time.perf_counter()
+            start = self._timer()
             part = SampleSink()
             try:
                 self._process.collect(part)
@@ -118,11 +126,13 @@ class Collection:
                 ok = False
                 for fam in self._process.families:
                     part.declare(fam)
-            self._status["process"] = (ok, time.perf_counter() - start)
+            self._status["process"] = (ok, self._timer() - start)
             self._process_sink = part
         sink.extend(self._process_sink)
 
     def _self_metrics(self, sink: SampleSink, gpus: list[GpuInventory], now: float) -> None:
+        for fam in SELF_FAMILIES:
+            sink.declare(fam)
         sink.add(
             "gpurelay_agent_info",
             (("version", __version__), ("backend", self._backend), ("node", self._node)),

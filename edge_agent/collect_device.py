@@ -24,7 +24,7 @@ from edge_agent.xid import XidWatcher
 log = logging.getLogger(__name__)
 
 # Errors that mean "this GPU cannot be read at all right now".
-_GPU_FATAL = (pynvml.NVMLError_GPUIsLost, pynvml.NVMLError_ResetRequired)
+_GPU_FATAL = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
 _MIB = 1024 * 1024
 
 

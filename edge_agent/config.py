@@ -31,6 +31,10 @@ class SimulateConfig:
     gpus: int = 0
     seed: int = 0
     mig: bool = False
+    processes_per_gpu: int = 4
+    # Write a fake /proc and kubelet log tree for the simulated processes, so that
+    # attribution to pods and containers runs for real (see edge_agent.simhost).
+    fake_host: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +99,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     _apply_env(AgentConfig, data, env)
-    cfg = _build(AgentConfig, data, "")
+    cfg: AgentConfig = _build(AgentConfig, data, "")
     _validate(cfg)
     return cfg
 

@@ -70,7 +70,7 @@ class SampleSink:
         self._families.setdefault(family.name, family)
 
     def add(self, name: str, labels: Labels, value: float) -> None:
-        self._samples.append(Sample(name, labels, value))
+        self._samples.append(Sample(name, labels, float(value)))
 
     def extend(self, other: SampleSink) -> None:
         for fam in other._families.values():

@@ -1,0 +1,72 @@
+"""Build a fully wired agent pipeline over the simulator, with a fixed clock."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+from edge_agent import simhost
+from edge_agent.app import Backend, Pipeline, build_pipeline
+from edge_agent.config import AgentConfig, load
+from edge_agent.nvml.simulator import SimulatedNvml
+
+FIXED_TIME = 1_790_000_000.0
+
+
+class FakeClock:
+    def __init__(self, start: float = FIXED_TIME) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeTimer:
+    """perf_counter stand-in: every call advances 0.5 ms, so durations are fixed."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.0005
+        return self.t
+
+
+def make_pipeline(
+    tmp: Path,
+    *,
+    gpus: int = 2,
+    mig: bool = False,
+    seed: int = 7,
+    processes_per_gpu: int = 4,
+    clock: FakeClock | None = None,
+    cfg: AgentConfig | None = None,
+) -> tuple[Pipeline, SimulatedNvml, FakeClock]:
+    clock = clock or FakeClock()
+    base = cfg or load(None, {})
+    pids = simhost.default_pids(gpus * processes_per_gpu, seed)
+    host = simhost.build(tmp / "host", pids, seed)
+    cfg = dataclasses.replace(
+        base,
+        node_name=base.node_name or "edge-node-1",
+        attribution=dataclasses.replace(
+            base.attribution,
+            proc_root=host.proc_root,
+            container_log_dir=host.container_log_dir,
+            pod_log_dir=host.pod_log_dir,
+            runtime_sockets=(),
+        ),
+    )
+    sim = SimulatedNvml(gpus, seed=seed, mig=mig, clock=clock, pids=pids,
+                        processes_per_gpu=processes_per_gpu)
+    sim.nvmlInit()
+    pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=clock, timer=FakeTimer())
+    return pipeline, sim, clock
+
+
+def lines_of(body: bytes) -> Iterator[str]:
+    return iter(body.decode().splitlines())

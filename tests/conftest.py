@@ -1,0 +1,49 @@
+"""Shared fixtures: external tools that CI installs, and the GPU marker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REQUIRE_PROMTOOL = os.environ.get("EDGE_GPU_RELAY_REQUIRE_PROMTOOL") == "1"
+
+
+def _nvml_reason() -> str | None:
+    """None when a real GPU is usable through NVML, else why not."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"no usable NVIDIA GPU here (NVML: {exc})"
+    try:
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return "NVML works but reports no GPU"
+    finally:
+        pynvml.nvmlShutdown()
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [i for i in items if "gpu" in i.keywords]
+    if not gpu_items:
+        return
+    reason = _nvml_reason()
+    if reason is None:
+        return
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    path = shutil.which("promtool")
+    if path is None:
+        msg = "promtool not found (Debian package `prometheus`)"
+        if REQUIRE_PROMTOOL:
+            pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_PROMTOOL=1 makes this a failure")
+        pytest.skip(msg)
+    return Path(path)

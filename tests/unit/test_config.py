@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge_agent.config import load, resolve_node_name
+from edge_agent.errors import ConfigError
+
+
+def test_defaults_match_the_design_contract() -> None:
+    cfg = load(None, {})
+    assert cfg.listen == "127.0.0.1:9400"
+    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 9400)
+    assert cfg.attribution.proc_root == Path("/proc")
+    assert cfg.simulate.gpus == 0
+
+
+def test_toml_then_environment_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "agent.toml"
+    f.write_text(
+        'node_name = "edge-1"\ninterval_seconds = 5\n'
+        '[attribution]\nproc_root = "/host/proc"\ncache_ttl_seconds = 30\n'
+    )
+    env = {
+        "EDGE_AGENT_INTERVAL_SECONDS": "2.5",
+        "EDGE_AGENT_ATTRIBUTION_RUNTIME_SOCKETS": "/a.sock, /b.sock",
+        "EDGE_AGENT_SIMULATE_MIG": "true",
+    }
+    cfg = load(f, env)
+    assert cfg.node_name == "edge-1"
+    assert cfg.interval_seconds == 2.5
+    assert cfg.attribution.proc_root == Path("/host/proc")
+    assert cfg.attribution.cache_ttl_seconds == 30.0
+    assert cfg.attribution.runtime_sockets == (Path("/a.sock"), Path("/b.sock"))
+    assert cfg.simulate.mig is True
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "message"),
+    [
+        ("listn = 'x'\n", {}, "unknown key(s) in config: listn"),
+        ("[attribution]\nproc_rot = '/x'\n", {}, "unknown key(s) in attribution: proc_rot"),
+        ("interval_seconds = 'fast'\n", {}, "interval_seconds must be of type float"),
+        ("listen = 'nohost'\n", {}, "must look like HOST:PORT"),
+        ("interval_seconds = 0\n", {}, "must be > 0"),
+        ("", {"EDGE_AGENT_LISTN": "1"}, "unknown environment variable EDGE_AGENT_LISTN"),
+        ("", {"EDGE_AGENT_SIMULATE_MIG": "maybe"}, "must be a boolean"),
+        ("node_name = [\n", {}, "is not valid TOML"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path: Path, toml: str, env: dict[str, str],
+                                     message: str) -> None:
+    f = tmp_path / "agent.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(f, env)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nope.toml", {})
+
+
+def test_node_name_precedence() -> None:
+    assert resolve_node_name("cfg", {"KUBE_NODE_NAME": "k", "NODE_NAME": "n"}) == "cfg"
+    assert resolve_node_name("", {"KUBE_NODE_NAME": "k", "NODE_NAME": "n"}) == "k"
+    assert resolve_node_name("", {"NODE_NAME": "n"}) == "n"
+    assert resolve_node_name("", {}) != ""
