@@ -69,24 +69,36 @@ def test_docker_systemd_v2() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pid", "expected"),
+    ("pid", "container_id", "pod_uid", "pod_name", "namespace", "k8s_container", "comm"),
     [
-        (221484, Attribution(container_id="a71533c375a8", pod_uid="3ec5219b-c8ec-4001-9b29-f4199838f2f6",
-                             pod_name="triton-resnet50-7d9f8b6c5-x2x9k", namespace="inference",
-                             k8s_container="triton", process_name="tritonserver")),
-        (37412, Attribution(container_id="d893347e2655", pod_uid="7b6a1c4b-ef45-435e-8b26-32a8d7914a56",
-                            pod_name="llama.finetune-worker-0", namespace="ml-training",
-                            k8s_container="trainer", process_name="python")),
-        (159355, Attribution(container_id="9ee0fa2277eb", pod_uid="57e87ca1-7ea5-4d70-93ea-08db135accce",
-                             pod_name="transcode-batch-28650412-q7tqs", namespace="media",
-                             k8s_container="encoder", process_name="ffmpeg")),
+        (221484, "a71533c375a8", "3ec5219b-c8ec-4001-9b29-f4199838f2f6",
+         "triton-resnet50-7d9f8b6c5-x2x9k", "inference", "triton", "tritonserver"),
+        (37412, "d893347e2655", "7b6a1c4b-ef45-435e-8b26-32a8d7914a56",
+         "llama.finetune-worker-0", "ml-training", "trainer", "python"),
+        (159355, "9ee0fa2277eb", "57e87ca1-7ea5-4d70-93ea-08db135accce",
+         "transcode-batch-28650412-q7tqs", "media", "encoder", "ffmpeg"),
     ],
     ids=["burstable", "guaranteed", "besteffort"],
 )  # fmt: skip
-def test_containerd_cgroupfs_v1(pid: int, expected: Attribution) -> None:
+def test_containerd_cgroupfs_v1(
+    pid: int,
+    container_id: str,
+    pod_uid: str,
+    pod_name: str,
+    namespace: str,
+    k8s_container: str,
+    comm: str,
+) -> None:
     # The runtime is "" by design: containerd and dockershim write the same cgroupfs path.
     a = attributor("containerd-cgroupfs-v1")
-    assert a.attribute(pid) == expected
+    assert a.attribute(pid) == Attribution(
+        container_id=container_id,
+        pod_uid=pod_uid,
+        pod_name=pod_name,
+        namespace=namespace,
+        k8s_container=k8s_container,
+        process_name=comm,
+    )
     assert a.errors() == {}
 
 
@@ -321,12 +333,12 @@ class _EngineHandler(http.server.BaseHTTPRequestHandler):
         body = None
         if len(parts) == 4 and parts[1] == "containers" and parts[3] == "json":
             body = self.server.containers.get(parts[2])
-        status = self.server.status if self.server.status != 200 else (200 if body else 404)
-        if status != 200:
-            body = b'{"message":"No such container: ' + parts[-2].encode() + b'"}'
-            if status >= 500:
-                body = b'{"message":"Internal Server Error"}'
-        assert body is not None
+        if self.server.status != 200:
+            status, body = self.server.status, b'{"message":"Internal Server Error"}'
+        elif body is None:
+            status, body = 404, b'{"message":"No such container"}'
+        else:
+            status = 200
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Api-Version", "1.43")
@@ -354,15 +366,18 @@ def engines() -> Iterator[list[FakeEngine]]:
         engine.stop()
 
 
-def serve(engines: list[FakeEngine], path: Path, status: int = 200, **bodies: str) -> FakeEngine:
-    containers = {cid: (API / name).read_bytes() for name, cid in bodies.items()}
+def serve(
+    engines: list[FakeEngine], path: Path, bodies: dict[str, str] | None = None, status: int = 200
+) -> FakeEngine:
+    """Start a fake engine answering for ``bodies`` (container id → file in docker-api/)."""
+    containers = {cid: (API / name).read_bytes() for cid, name in (bodies or {}).items()}
     engine = FakeEngine(str(path), containers, status)
     engines.append(engine)
     return engine
 
 
 def test_docker_name_is_used_and_cached(sockdir: Path, engines: list[FakeEngine]) -> None:
-    engine = serve(engines, sockdir / "docker.sock", **{"plain-docker.json": DOCKER_V1})
+    engine = serve(engines, sockdir / "docker.sock", {DOCKER_V1: "plain-docker.json"})
     a = attributor("docker-cgroupfs-v1", runtime_sockets=(sockdir / "docker.sock",))
     try:
         for _ in range(3):
@@ -379,11 +394,9 @@ def test_docker_name_is_used_and_cached(sockdir: Path, engines: list[FakeEngine]
 
 
 def test_cache_expires_after_the_ttl(sockdir: Path, engines: list[FakeEngine]) -> None:
-    engine = serve(engines, sockdir / "docker.sock", **{"plain-docker.json": DOCKER_V1})
+    engine = serve(engines, sockdir / "docker.sock", {DOCKER_V1: "plain-docker.json"})
     clock = FakeClock()
-    a = attributor(
-        "docker-cgroupfs-v1", runtime_sockets=(sockdir / "docker.sock",), clock=clock
-    )
+    a = attributor("docker-cgroupfs-v1", runtime_sockets=(sockdir / "docker.sock",), clock=clock)
     try:
         a.attribute(31337)
         clock.now += 59.9
@@ -400,7 +413,7 @@ def test_dockershim_labels_and_runtime(sockdir: Path, engines: list[FakeEngine])
     serve(
         engines,
         sockdir / "docker.sock",
-        **{"dockershim.json": SHIM, "dockershim-nolog.json": SHIM_NOLOG},
+        {SHIM: "dockershim.json", SHIM_NOLOG: "dockershim-nolog.json"},
     )
     a = attributor("dockershim-cgroupfs-v1", runtime_sockets=(sockdir / "docker.sock",))
     try:
@@ -432,7 +445,7 @@ def test_dockershim_labels_and_runtime(sockdir: Path, engines: list[FakeEngine])
 
 def test_404_tries_the_next_socket(sockdir: Path, engines: list[FakeEngine]) -> None:
     docker = serve(engines, sockdir / "docker.sock")
-    podman = serve(engines, sockdir / "podman/podman.sock", **{"podman.json": PODMAN_ROOTFUL})
+    podman = serve(engines, sockdir / "podman/podman.sock", {PODMAN_ROOTFUL: "podman.json"})
     sockets = (sockdir / "docker.sock", sockdir / "podman/podman.sock")
     a = attributor("podman", runtime_sockets=sockets)
     try:

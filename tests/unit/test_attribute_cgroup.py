@@ -152,7 +152,9 @@ def test_seed_file_from_the_field() -> None:
 
 
 def test_id_on_some_lines_only_neither_first_nor_last() -> None:
-    text = v1(f"/docker/{CID}", pids="/user.slice", rdma="/", systemd="/system.slice/docker.service")
+    text = v1(
+        f"/docker/{CID}", pids="/user.slice", rdma="/", systemd="/system.slice/docker.service"
+    )
     text += "0::/\n"
     assert parse_cgroup(text) == CgroupRef(container_id=CID, runtime="docker")
 

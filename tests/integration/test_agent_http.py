@@ -1,0 +1,176 @@
+"""The agent's local endpoints over real HTTP, and the agent binary as a process."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from aiohttp import web
+
+from edge_agent import http_server
+from edge_agent.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from tests.agent_support import make_pipeline
+
+# promtool's linter flags two things that *are* the compatibility contract: the label
+# names dcgm-exporter and ACK use (modelName, NodeName, PodName, ...) are camelCase,
+# dcgm-exporter's counters do not end in _total, and one of its names is
+# DCGM_FI_DEV_PCIE_REPLAY_COUNTER. Anything else is a real problem.
+INHERENT = re.compile(
+    r"^(DCGM_\w+) (label names should be written in 'snake_case' not 'camelCase'"
+    r'|counter metrics should have "_total" suffix)$'
+    r"|^DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'$"
+)
+
+
+@pytest.fixture
+async def served(tmp_path: Path):  # type: ignore[no-untyped-def]
+    pipeline, sim, clock = make_pipeline(tmp_path, gpus=2, mig=True)
+    published = http_server.Published(clock=clock)
+    runner, port = await http_server.start(published, "127.0.0.1", 0)
+    try:
+        yield published, pipeline, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        pipeline.close()
+
+
+async def test_endpoints_before_and_after_first_collection(served) -> None:  # type: ignore[no-untyped-def]
+    published, pipeline, base = served
+    async with httpx.AsyncClient(base_url=base) as client:
+        assert (await client.get("/metrics")).status_code == 503
+        assert (await client.get("/healthz")).status_code == 503
+        published.publish(pipeline.collection.collect())
+        text = await client.get("/metrics")
+        assert text.status_code == 200
+        assert text.headers["content-type"] == TEXT_CONTENT_TYPE
+        assert "DCGM_FI_DEV_FB_USED{" in text.text
+        om = await client.get("/metrics", headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"})
+        assert om.headers["content-type"] == OPENMETRICS_CONTENT_TYPE
+        assert om.text.endswith("# EOF\n")
+        raw = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert raw.headers["content-encoding"] == "gzip"
+        assert raw.text == text.text  # httpx decoded it; same body
+        health = await client.get("/healthz")
+        assert health.status_code == 200 and "edge-node-1" in health.text
+        bie = (await client.get("/v1/collect")).json()
+        assert list(bie) == ["edge-node-1"]
+        node = bie["edge-node-1"]
+        assert node["deviceNum"] == 2 and len(node["devices"]) == 2
+        assert node["usedMemory"] == sum(d["usedMemory"] for d in node["devices"])
+        assert node["totalMemory"] == 2 * 85520809984
+        assert node["percent"] == pytest.approx(node["usedMemory"] / node["totalMemory"])
+
+
+async def test_healthz_goes_unhealthy_when_collection_stalls(served) -> None:  # type: ignore[no-untyped-def]
+    published, pipeline, base = served
+    published.publish(pipeline.collection.collect())
+    published.clock.advance(published.max_age + 1)  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=base) as client:
+        r = await client.get("/healthz")
+    assert r.status_code == 503 and "ago" in r.text
+
+
+def test_promtool_finds_nothing_but_the_compatible_names(tmp_path: Path, promtool: Path) -> None:
+    pipeline, _sim, _ = make_pipeline(tmp_path, gpus=2, mig=True)
+    published = http_server.Published()
+    published.publish(pipeline.collection.collect())
+    pipeline.close()
+    for body in (published.body(False, False), gzip.decompress(published.body(False, True))):
+        proc = subprocess.run([str(promtool), "check", "metrics"], input=body,
+                              capture_output=True, timeout=60, check=False)
+        out = (proc.stdout + proc.stderr).decode().strip().splitlines()
+        assert proc.returncode in (0, 3), out  # 1 would be a parse error
+        unexpected = [line for line in out if not INHERENT.match(line)]
+        assert unexpected == []
+        assert not any(line.startswith("gpurelay_") for line in out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "KUBE_NODE_NAME": "bie-node-7"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--simulate", "2", "--listen",
+         f"127.0.0.1:{port}", "--interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+                if r.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert 'gpurelay_agent_info{version="0.1.0",backend="simulated",node="bie-node-7"} 1' \
+            in r.text
+        time.sleep(0.5)
+        again = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        cycles = [float(line.split()[-1]) for line in again.splitlines()
+                  if line.startswith("gpurelay_agent_collections_total ")]
+        assert cycles and cycles[0] >= 2  # the loop keeps collecting
+        bie = httpx.get(f"http://127.0.0.1:{port}/v1/collect", timeout=2).json()
+        assert list(bie) == ["bie-node-7"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "SIMULATED GPUs" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("fmt", ["prometheus", "json", "bie"])
+def test_once_formats(fmt: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "once", "--simulate", "1", "--format", fmt,
+         "--node-name", "n1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "prometheus":
+        assert "# TYPE DCGM_FI_DEV_GPU_UTIL gauge" in proc.stdout
+    elif fmt == "json":
+        doc = json.loads(proc.stdout)
+        assert doc["node"] == "n1" and doc["gpus"][0]["uuid"].startswith("GPU-")
+        assert any(s["name"] == "DCGM_CUSTOM_PROCESS_SM_UTIL" for s in doc["samples"])
+    else:
+        assert json.loads(proc.stdout)["n1"]["deviceNum"] == 1
+
+
+def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "a.toml"
+    cfg.write_text("listen = 5\n")
+    proc = subprocess.run([sys.executable, "-m", "edge_agent", "once", "--config", str(cfg)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "edge-agent: error: listen must be of type str, got 5"
+
+
+def test_gateway_placeholder_does_not_pretend() -> None:
+    proc = subprocess.run([sys.executable, "-m", "cloud_gateway", "run"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "not part of this release yet" in proc.stderr
+
+
+_ = web  # aiohttp is the server under test
