@@ -40,7 +40,7 @@ log = logging.getLogger("edge_agent")
 
 SIMULATION_BANNER = (
     "*** SIMULATED GPUs: {n} simulated GPU(s), seed {seed}{mig}. These values are synthetic, "
-    "not read from hardware; gpurelay_agent_info{{backend=\"simulated\"}} says so. ***"
+    'not read from hardware; gpurelay_agent_info{{backend="simulated"}} says so. ***'
 )
 
 
@@ -179,8 +179,9 @@ class Agent:
         self.runner, self.port = await http_server.start(
             self.published, self.cfg.listen_host, self.cfg.listen_port
         )
-        log.info("serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host,
-                 self.port)
+        log.info(
+            "serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host, self.port
+        )
         notify("READY=1")
 
     async def run(self) -> None:

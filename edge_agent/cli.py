@@ -30,8 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--simulate", type=int, metavar="N", help="use N simulated GPUs")
     common.add_argument("--simulate-seed", type=int, metavar="SEED")
     common.add_argument("--simulate-mig", action="store_true", help="GPU 0 in MIG mode")
-    common.add_argument("--node-name", help="node name (default: config, KUBE_NODE_NAME, "
-                        "NODE_NAME, hostname)")
+    common.add_argument(
+        "--node-name", help="node name (default: config, KUBE_NODE_NAME, NODE_NAME, hostname)"
+    )
     common.add_argument("--counters", type=Path, help="dcgm-exporter counters CSV")
     run = sub.add_parser("run", parents=[common], help="collect and serve until stopped")
     run.add_argument("--listen", help="HOST:PORT for /metrics (default 127.0.0.1:9400)")
@@ -72,8 +73,7 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
         "gpus": [dataclasses.asdict(g) for g in snapshot.gpus],
         "families": [dataclasses.asdict(f) for f in snapshot.families],
         "samples": [
-            {"name": s.name, "labels": dict(s.labels), "value": s.value}
-            for s in snapshot.samples
+            {"name": s.name, "labels": dict(s.labels), "value": s.value} for s in snapshot.samples
         ],
     }
 

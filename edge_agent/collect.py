@@ -20,24 +20,49 @@ from edge_agent.model import Family, GpuInventory, SampleSink, Snapshot
 log = logging.getLogger(__name__)
 
 SELF_FAMILIES = (
-    Family(name="gpurelay_agent_info", type="gauge",
-           help="Agent build and backend; backend=\"simulated\" means the values are synthetic."),
-    Family(name="gpurelay_collector_success", type="gauge",
-           help="1 when the collector's last run succeeded for every GPU, else 0."),
-    Family(name="gpurelay_collector_duration_seconds", type="gauge",
-           help="Wall time of the collector's last run."),
-    Family(name="gpurelay_agent_unsupported_field", type="gauge",
-           help="A field of the counters file that this node cannot supply (skipped)."),
-    Family(name="gpurelay_agent_gpu_healthy", type="gauge",
-           help="1 when the GPU answered NVML in the last cycle, 0 when it is lost."),
-    Family(name="gpurelay_agent_nvml_errors_total", type="counter",
-           help="NVML calls that failed, by field and error."),
-    Family(name="gpurelay_agent_attribution_errors_total", type="counter",
-           help="PIDs that could not be attributed to a container, by reason."),
-    Family(name="gpurelay_agent_collections_total", type="counter",
-           help="Collection cycles completed."),
-    Family(name="gpurelay_agent_last_collection_timestamp_seconds", type="gauge",
-           help="Unix time of the last completed collection cycle."),
+    Family(
+        name="gpurelay_agent_info",
+        type="gauge",
+        help='Agent build and backend; backend="simulated" means the values are synthetic.',
+    ),
+    Family(
+        name="gpurelay_collector_success",
+        type="gauge",
+        help="1 when the collector's last run succeeded for every GPU, else 0.",
+    ),
+    Family(
+        name="gpurelay_collector_duration_seconds",
+        type="gauge",
+        help="Wall time of the collector's last run.",
+    ),
+    Family(
+        name="gpurelay_agent_unsupported_field",
+        type="gauge",
+        help="A field of the counters file that this node cannot supply (skipped).",
+    ),
+    Family(
+        name="gpurelay_agent_gpu_healthy",
+        type="gauge",
+        help="1 when the GPU answered NVML in the last cycle, 0 when it is lost.",
+    ),
+    Family(
+        name="gpurelay_agent_nvml_errors_total",
+        type="counter",
+        help="NVML calls that failed, by field and error.",
+    ),
+    Family(
+        name="gpurelay_agent_attribution_errors_total",
+        type="counter",
+        help="PIDs that could not be attributed to a container, by reason.",
+    ),
+    Family(
+        name="gpurelay_agent_collections_total", type="counter", help="Collection cycles completed."
+    ),
+    Family(
+        name="gpurelay_agent_last_collection_timestamp_seconds",
+        type="gauge",
+        help="Unix time of the last completed collection cycle.",
+    ),
 )
 
 

@@ -31,22 +31,46 @@ class AttributorLike(Protocol):
 
 
 PROCESS_FAMILIES = (
-    Family(name="DCGM_CUSTOM_PROCESS_MEM_USED", type="gauge",
-           help="GPU memory used by the process (MiB)."),
-    Family(name="DCGM_CUSTOM_PROCESS_SM_UTIL", type="gauge",
-           help="Share of SM time used by the process over the last sampling window (%)."),
-    Family(name="DCGM_CUSTOM_PROCESS_MEM_COPY_UTIL", type="gauge",
-           help="Share of memory-copy time used by the process over the last window (%)."),
-    Family(name="DCGM_CUSTOM_PROCESS_ENCODE_UTIL", type="gauge",
-           help="Video encoder use by the process over the last window (%)."),
-    Family(name="DCGM_CUSTOM_PROCESS_DECODE_UTIL", type="gauge",
-           help="Video decoder use by the process over the last window (%)."),
-    Family(name="DCGM_CUSTOM_CONTAINER_MEM_USED", type="gauge",
-           help="GPU memory used by all processes of the container on this GPU (MiB)."),
-    Family(name="DCGM_CUSTOM_CONTAINER_SM_UTIL", type="gauge",
-           help="Sum of the SM utilisation of the container's processes on this GPU (%)."),
-    Family(name="DCGM_CUSTOM_CONTAINER_PROCESSES", type="gauge",
-           help="Number of GPU processes of the container on this GPU."),
+    Family(
+        name="DCGM_CUSTOM_PROCESS_MEM_USED",
+        type="gauge",
+        help="GPU memory used by the process (MiB).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_PROCESS_SM_UTIL",
+        type="gauge",
+        help="Share of SM time used by the process over the last sampling window (%).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_PROCESS_MEM_COPY_UTIL",
+        type="gauge",
+        help="Share of memory-copy time used by the process over the last window (%).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_PROCESS_ENCODE_UTIL",
+        type="gauge",
+        help="Video encoder use by the process over the last window (%).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_PROCESS_DECODE_UTIL",
+        type="gauge",
+        help="Video decoder use by the process over the last window (%).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_CONTAINER_MEM_USED",
+        type="gauge",
+        help="GPU memory used by all processes of the container on this GPU (MiB).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_CONTAINER_SM_UTIL",
+        type="gauge",
+        help="Sum of the SM utilisation of the container's processes on this GPU (%).",
+    ),
+    Family(
+        name="DCGM_CUSTOM_CONTAINER_PROCESSES",
+        type="gauge",
+        help="Number of GPU processes of the container on this GPU.",
+    ),
 )
 
 
@@ -188,12 +212,21 @@ class ProcessCollector:
         if self._util_supported.get(target.key):
             sm = float(util.smUtil) if util is not None else 0.0
             sink.add("DCGM_CUSTOM_PROCESS_SM_UTIL", labels, sm)
-            sink.add("DCGM_CUSTOM_PROCESS_MEM_COPY_UTIL", labels,
-                     float(util.memUtil) if util is not None else 0.0)
-            sink.add("DCGM_CUSTOM_PROCESS_ENCODE_UTIL", labels,
-                     float(util.encUtil) if util is not None else 0.0)
-            sink.add("DCGM_CUSTOM_PROCESS_DECODE_UTIL", labels,
-                     float(util.decUtil) if util is not None else 0.0)
+            sink.add(
+                "DCGM_CUSTOM_PROCESS_MEM_COPY_UTIL",
+                labels,
+                float(util.memUtil) if util is not None else 0.0,
+            )
+            sink.add(
+                "DCGM_CUSTOM_PROCESS_ENCODE_UTIL",
+                labels,
+                float(util.encUtil) if util is not None else 0.0,
+            )
+            sink.add(
+                "DCGM_CUSTOM_PROCESS_DECODE_UTIL",
+                labels,
+                float(util.decUtil) if util is not None else 0.0,
+            )
         if not a.container_id:
             return  # host process: no container to sum into
         acc = containers.setdefault((owner, a.container_id), [0.0, -1.0, 0.0])

@@ -164,7 +164,7 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
-def _convert(hint: Any, value: Any, key: str) -> Any:  # noqa: PLR0911
+def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(hint) if a is not type(None)]

@@ -122,9 +122,7 @@ SOURCES: dict[str, FieldSource] = {
     "DCGM_FI_DEV_MEMORY_TEMP": FieldSource(
         lambda p: _field_value(p, pynvml.NVML_FI_DEV_MEMORY_TEMP)
     ),
-    "DCGM_FI_DEV_POWER_USAGE": FieldSource(
-        lambda p: p.call("nvmlDeviceGetPowerUsage") / 1000.0
-    ),
+    "DCGM_FI_DEV_POWER_USAGE": FieldSource(lambda p: p.call("nvmlDeviceGetPowerUsage") / 1000.0),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": FieldSource(
         lambda p: p.call("nvmlDeviceGetTotalEnergyConsumption")
     ),
@@ -189,9 +187,7 @@ SOURCES: dict[str, FieldSource] = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": FieldSource(
         lambda p: p.call("nvmlDeviceGetRemappedRows")[1]
     ),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": FieldSource(
-        lambda p: p.call("nvmlDeviceGetRemappedRows")[3]
-    ),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": FieldSource(lambda p: p.call("nvmlDeviceGetRemappedRows")[3]),
 }
 
 # Fields whose value becomes a label on every device series (prom type "label").

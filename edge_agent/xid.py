@@ -10,6 +10,7 @@ import ctypes
 import logging
 import threading
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 import pynvml
@@ -100,8 +101,6 @@ class XidWatcher:
             self._thread.join(timeout=WAIT_MS / 1000 * 4)
             self._thread = None
         if self._event_set is not None:
-            try:
+            with suppress(pynvml.NVMLError):
                 self._lib.nvmlEventSetFree(self._event_set)
-            except pynvml.NVMLError:
-                pass
             self._event_set = None

@@ -61,8 +61,9 @@ def make_pipeline(
             runtime_sockets=(),
         ),
     )
-    sim = SimulatedNvml(gpus, seed=seed, mig=mig, clock=clock, pids=pids,
-                        processes_per_gpu=processes_per_gpu)
+    sim = SimulatedNvml(
+        gpus, seed=seed, mig=mig, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
+    )
     sim.nvmlInit()
     pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=clock, timer=FakeTimer())
     return pipeline, sim, clock

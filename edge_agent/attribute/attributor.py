@@ -19,7 +19,8 @@ Per-PID problems never raise; they are counted by reason in :meth:`Attributor.er
 The runtime of a bare ``/kubepods/…/pod<uid>/<id>`` path (cgroupfs driver) is ambiguous —
 containerd or dockershim — so it is ``""`` unless a Docker or Podman socket knows the id.
 
-An :class:`Attributor` is meant for one caller at a time (the collection loop).
+An :class:`Attributor` is meant for one caller at a time (the collection loop). A cache miss
+for a Docker or Podman container may block for up to ``api_timeout`` per runtime socket.
 """
 
 from __future__ import annotations

@@ -97,7 +97,10 @@ def _str(value: object) -> str:
 
 
 class EngineClient:
-    """One Docker Engine (or Podman) API socket; the HTTP client is made on first use."""
+    """One Docker Engine (or Podman) API socket; the HTTP client is made on first use.
+
+    ``runtime`` is a guess from the path: ``"podman"`` if it says so, else ``"docker"``.
+    """
 
     def __init__(self, socket: Path, *, timeout: float) -> None:
         self.socket = socket

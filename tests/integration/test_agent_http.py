@@ -34,7 +34,7 @@ INHERENT = re.compile(
 
 @pytest.fixture
 async def served(tmp_path: Path):  # type: ignore[no-untyped-def]
-    pipeline, sim, clock = make_pipeline(tmp_path, gpus=2, mig=True)
+    pipeline, _sim, clock = make_pipeline(tmp_path, gpus=2, mig=True)
     published = http_server.Published(clock=clock)
     runner, port = await http_server.start(published, "127.0.0.1", 0)
     try:
@@ -54,8 +54,10 @@ async def test_endpoints_before_and_after_first_collection(served) -> None:  # t
         assert text.status_code == 200
         assert text.headers["content-type"] == TEXT_CONTENT_TYPE
         assert "DCGM_FI_DEV_FB_USED{" in text.text
-        om = await client.get("/metrics", headers={
-            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"})
+        om = await client.get(
+            "/metrics",
+            headers={"Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"},
+        )
         assert om.headers["content-type"] == OPENMETRICS_CONTENT_TYPE
         assert om.text.endswith("# EOF\n")
         raw = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
@@ -87,8 +89,13 @@ def test_promtool_finds_nothing_but_the_compatible_names(tmp_path: Path, promtoo
     published.publish(pipeline.collection.collect())
     pipeline.close()
     for body in (published.body(False, False), gzip.decompress(published.body(False, True))):
-        proc = subprocess.run([str(promtool), "check", "metrics"], input=body,
-                              capture_output=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [str(promtool), "check", "metrics"],
+            input=body,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         out = (proc.stdout + proc.stderr).decode().strip().splitlines()
         assert proc.returncode in (0, 3), out  # 1 would be a parse error
         unexpected = [line for line in out if not INHERENT.match(line)]
@@ -106,9 +113,22 @@ def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = _free_port()
     env = {**os.environ, "KUBE_NODE_NAME": "bie-node-7"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "run", "--simulate", "2", "--listen",
-         f"127.0.0.1:{port}", "--interval", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "run",
+            "--simulate",
+            "2",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30
@@ -122,12 +142,16 @@ def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert 'gpurelay_agent_info{version="0.1.0",backend="simulated",node="bie-node-7"} 1' \
-            in r.text
+        assert (
+            'gpurelay_agent_info{version="0.1.0",backend="simulated",node="bie-node-7"} 1' in r.text
+        )
         time.sleep(0.5)
         again = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        cycles = [float(line.split()[-1]) for line in again.splitlines()
-                  if line.startswith("gpurelay_agent_collections_total ")]
+        cycles = [
+            float(line.split()[-1])
+            for line in again.splitlines()
+            if line.startswith("gpurelay_agent_collections_total ")
+        ]
         assert cycles and cycles[0] >= 2  # the loop keeps collecting
         bie = httpx.get(f"http://127.0.0.1:{port}/v1/collect", timeout=2).json()
         assert list(bie) == ["bie-node-7"]
@@ -142,9 +166,22 @@ def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["prometheus", "json", "bie"])
 def test_once_formats(fmt: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "once", "--simulate", "1", "--format", fmt,
-         "--node-name", "n1"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "once",
+            "--simulate",
+            "1",
+            "--format",
+            fmt,
+            "--node-name",
+            "n1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     if fmt == "prometheus":
@@ -160,15 +197,25 @@ def test_once_formats(fmt: str) -> None:
 def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "a.toml"
     cfg.write_text("listen = 5\n")
-    proc = subprocess.run([sys.executable, "-m", "edge_agent", "once", "--config", str(cfg)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "once", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "edge-agent: error: listen must be of type str, got 5"
 
 
 def test_gateway_placeholder_does_not_pretend() -> None:
-    proc = subprocess.run([sys.executable, "-m", "cloud_gateway", "run"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cloud_gateway", "run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "not part of this release yet" in proc.stderr
 

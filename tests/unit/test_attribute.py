@@ -12,7 +12,8 @@ import socket
 import socketserver
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -38,15 +39,22 @@ class FakeClock:
         return self.now
 
 
-def attributor(tree: str | Path, **kwargs: object) -> Attributor:
+def attributor(
+    tree: str | Path,
+    *,
+    runtime_sockets: Sequence[Path] = (),
+    cache_ttl: float = 60.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Attributor:
     """An Attributor over a fixture tree; no runtime sockets unless given."""
     root = FIXTURES / tree
-    kwargs.setdefault("runtime_sockets", ())
     return Attributor(
         proc_root=root / "proc",
         container_log_dir=root / "var/log/containers",
         pod_log_dir=root / "var/log/pods",
-        **kwargs,  # type: ignore[arg-type]
+        runtime_sockets=runtime_sockets,
+        cache_ttl=cache_ttl,
+        clock=clock,
     )
 
 

@@ -7,8 +7,15 @@ from edge_agent.model import GpuInventory
 
 
 def _gpu(i: int, used: int, total: int) -> GpuInventory:
-    return GpuInventory(index=i, uuid=f"GPU-{i}", name="x", pci_bus_id="b", minor=i,
-                        memory_total_bytes=total, memory_used_bytes=used)
+    return GpuInventory(
+        index=i,
+        uuid=f"GPU-{i}",
+        name="x",
+        pci_bus_id="b",
+        minor=i,
+        memory_total_bytes=total,
+        memory_used_bytes=used,
+    )
 
 
 def test_matches_the_bie_demo_document_field_by_field() -> None:

@@ -35,8 +35,15 @@ def test_device_labels_follow_dcgm_exporter(tmp_path: Path) -> None:
     snap = pipeline.collection.collect()
     pipeline.close()
     (gpu1,) = [lbl for lbl in series(snap, "DCGM_FI_DEV_GPU_UTIL") if lbl["gpu"] == "1"]
-    assert list(gpu1) == ["gpu", "UUID", "device", "modelName", "pci_bus_id", "Hostname",
-                          "DCGM_FI_DRIVER_VERSION"]
+    assert list(gpu1) == [
+        "gpu",
+        "UUID",
+        "device",
+        "modelName",
+        "pci_bus_id",
+        "Hostname",
+        "DCGM_FI_DRIVER_VERSION",
+    ]
     assert gpu1["device"] == "nvidia1"
     assert gpu1["Hostname"] == "edge-node-1"
     assert gpu1["UUID"].startswith("GPU-")
@@ -89,10 +96,10 @@ def test_field_unsupported_everywhere_is_reported_once(tmp_path: Path) -> None:
     pipeline.close()
     assert value(snap, "DCGM_FI_DEV_POWER_USAGE") is None
     assert value(snap, "DCGM_FI_DEV_GPU_TEMP", gpu="1") is not None
-    assert value(snap, "gpurelay_agent_unsupported_field",
-                 field="DCGM_FI_DEV_POWER_USAGE") == 1
-    assert value(snap, "gpurelay_agent_unsupported_field",
-                 field="DCGM_FI_PROF_GR_ENGINE_ACTIVE") == 1
+    assert value(snap, "gpurelay_agent_unsupported_field", field="DCGM_FI_DEV_POWER_USAGE") == 1
+    assert (
+        value(snap, "gpurelay_agent_unsupported_field", field="DCGM_FI_PROF_GR_ENGINE_ACTIVE") == 1
+    )
 
 
 def test_transient_nvml_error_is_counted_and_the_series_returns(tmp_path: Path) -> None:
@@ -101,8 +108,15 @@ def test_transient_nvml_error_is_counted_and_the_series_returns(tmp_path: Path) 
     snap = pipeline.collection.collect()
     assert value(snap, "DCGM_FI_DEV_GPU_TEMP") is None
     assert value(snap, "DCGM_FI_DEV_SM_CLOCK") is not None
-    assert value(snap, "gpurelay_agent_nvml_errors_total", field="DCGM_FI_DEV_GPU_TEMP",
-                 error="NVMLError_Unknown") == 1
+    assert (
+        value(
+            snap,
+            "gpurelay_agent_nvml_errors_total",
+            field="DCGM_FI_DEV_GPU_TEMP",
+            error="NVMLError_Unknown",
+        )
+        == 1
+    )
     sim.clear_faults()
     clock.advance(10)
     snap = pipeline.collection.collect()
@@ -135,7 +149,10 @@ def test_mig_instances_are_their_own_series(tmp_path: Path) -> None:
     pipeline.close()
     mig = [lbl for lbl in series(snap, "DCGM_FI_DEV_FB_USED") if "GPU_I_ID" in lbl]
     assert {(m["gpu"], m["GPU_I_PROFILE"]) for m in mig} == {
-        ("0", "3g.40gb"), ("0", "2g.20gb"), ("0", "1g.10gb")}
+        ("0", "3g.40gb"),
+        ("0", "2g.20gb"),
+        ("0", "1g.10gb"),
+    }
     assert all(m["UUID"] == mig[0]["UUID"] for m in mig)  # the parent GPU's UUID
     # utilisation is not defined for a GPU in MIG mode; its MIG processes are still listed
     assert value(snap, "DCGM_FI_DEV_GPU_UTIL", gpu="0") is None
@@ -159,8 +176,9 @@ def test_processes_are_attributed_and_summed_per_container(tmp_path: Path) -> No
     assert all(p["ProcessName"] == "gpu_burn" for p in host)
     for p in pods + docker:
         own = value(snap, "DCGM_CUSTOM_PROCESS_MEM_USED", ProcessId=p["ProcessId"])
-        total = value(snap, "DCGM_CUSTOM_CONTAINER_MEM_USED", container_id=p["container_id"],
-                      gpu=p["gpu"])
+        total = value(
+            snap, "DCGM_CUSTOM_CONTAINER_MEM_USED", container_id=p["container_id"], gpu=p["gpu"]
+        )
         assert own is not None and total is not None and total >= own
     containers = series(snap, "DCGM_CUSTOM_CONTAINER_MEM_USED")
     assert all(c["container_id"] for c in containers)  # host processes are not a container
@@ -196,8 +214,11 @@ def test_cli_without_nvml_prints_one_line_not_a_traceback() -> None:
         pynvml.nvmlShutdown()
         pytest.skip("this machine has working NVML; the no-NVML path cannot be shown here")
     proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "once"], capture_output=True, text=True,
-        timeout=60, check=False,
+        [sys.executable, "-m", "edge_agent", "once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()

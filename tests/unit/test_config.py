@@ -49,8 +49,9 @@ def test_toml_then_environment_overrides(tmp_path: Path) -> None:
         ("node_name = [\n", {}, "is not valid TOML"),
     ],
 )
-def test_bad_config_is_a_clear_error(tmp_path: Path, toml: str, env: dict[str, str],
-                                     message: str) -> None:
+def test_bad_config_is_a_clear_error(
+    tmp_path: Path, toml: str, env: dict[str, str], message: str
+) -> None:
     f = tmp_path / "agent.toml"
     f.write_text(toml)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

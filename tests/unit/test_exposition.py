@@ -57,8 +57,9 @@ def test_openmetrics_keeps_dcgm_names() -> None:
 def test_openmetrics_parses_with_prometheus_client() -> None:
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    fams = {f.name: f for f in text_string_to_metric_families(
-        render_openmetrics(_snapshot()).decode())}
+    fams = {
+        f.name: f for f in text_string_to_metric_families(render_openmetrics(_snapshot()).decode())
+    }
     assert fams["gpurelay_agent_collections"].type == "counter"
     assert fams["DCGM_FI_DEV_GPU_UTIL"].samples[1].labels["x"] == 'a"b\\c\nd'
 
