@@ -114,7 +114,7 @@ class Attributor:
             self._count("vanished")
             return HOST
         except OSError as exc:
-            _log.debug("pid %d: cannot read cgroup: %s", pid, exc)
+            _log.debug("pid %d: cannot read cgroup: %s", pid, str(exc))
             self._count("unreadable")
             return Attribution(process_name=self._comm(pid))
         comm = self._comm(pid)
@@ -175,11 +175,12 @@ class Attributor:
                 info = engine.inspect(container_id)
             except RuntimeDownError as exc:
                 self._engine_down_until[index] = now + self._ttl
-                _log.warning("%s; not asked again for %.0f s", exc, self._ttl)
+                # str(): a log record must not keep the exception (and its socket) alive
+                _log.warning("%s; not asked again for %.0f s", str(exc), self._ttl)
                 self._count("runtime_api")
                 continue
             except RuntimeApiError as exc:
-                _log.warning("%s", exc)
+                _log.warning("%s", str(exc))
                 self._count("runtime_api")
                 continue
             if info is not None:

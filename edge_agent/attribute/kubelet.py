@@ -150,7 +150,7 @@ class KubeletLogIndex:
         except FileNotFoundError:
             return []
         except OSError as exc:
-            _log.warning("cannot list %s: %s", directory, exc)
+            _log.warning("cannot list %s: %s", directory, str(exc))
             self._on_error("log_dir")
             return None
 

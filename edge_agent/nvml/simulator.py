@@ -12,9 +12,6 @@ with three GPU instances. Faults and XID events are injected with
 :meth:`SimulatedNvml.inject_fault` and :meth:`SimulatedNvml.inject_xid`. Thread-safe.
 """
 
-# Parameter names are pynvml's (fieldIds, timeStamp, eventSet, ...), so callers can use them.
-# ruff: noqa: N803
-
 from __future__ import annotations
 
 import ctypes
@@ -41,7 +38,7 @@ _NOT_APPLICABLE = 0xFFFFFFFF  # gpuInstanceId and computeInstanceId outside MIG
 _PID_RANGE = (1000, 4_000_000)
 _IDLE_SLOT_FRACTION = 0.2
 _IDLE_UTIL = 5
-_POWER_CAP_W = 640.0
+_POWER_CAP_W = 580.0
 _SM_CLOCK_MHZ = {"idle": 345, "capped": 1755, "boost": 1980}
 _MEM_CLOCK_MHZ = 2619
 _MAX_MIG_DEVICES = 7
@@ -148,12 +145,12 @@ class _Gpu:
         rng = random.Random(f"{seed}:{index}")
         self.index, self.seed, self.t0, self.owner = index, seed, t0, self
         self.uuid = _uuid("GPU", seed, index)
-        self.bus = _PCI_BUSES[index] if index < len(_PCI_BUSES) else (0x20 + index) % 0x100
+        self.domain, self.bus = index // len(_PCI_BUSES), _PCI_BUSES[index % len(_PCI_BUSES)]
         self.target = pynvml.struct_c_nvmlDevice_t()
-        # load(t) = level + sum of amplitude * sin(2 pi t / period + phase), within [-0.05, 1]
-        self.level = rng.uniform(0.35, 0.6)
+        # load(t) = level + sum of amplitude * sin(2 pi t / period + phase), within [-0.2, 1.05]
+        self.level = rng.uniform(0.3, 0.55)
         self.waves = [
-            (rng.uniform(0.2, 0.3), rng.uniform(120.0, 600.0), rng.uniform(0, 2 * math.pi)),
+            (rng.uniform(0.25, 0.4), rng.uniform(120.0, 600.0), rng.uniform(0, 2 * math.pi)),
             (rng.uniform(0.05, 0.1), rng.uniform(20.0, 60.0), rng.uniform(0, 2 * math.pi)),
         ]
         self.ecc_interval = rng.uniform(1800.0, 14400.0)
@@ -194,12 +191,12 @@ class _Gpu:
         return self.level + sum(waves)
 
     def power_w(self, t: float) -> float:
-        return 75.0 + 600.0 * (self.load(t) + 0.05) / 1.05
+        return 75.0 + 600.0 * (self.load(t) + 0.2) / 1.25
 
     def energy_mj(self, t: float) -> int:
         """The integral of :meth:`power_w` since driver load, in millijoules."""
-        scale = 600.0 / 1.05
-        joules = (75.0 + scale * (self.level + 0.05)) * (t - self.t0)
+        scale = 600.0 / 1.25
+        joules = (75.0 + scale * (self.level + 0.2)) * (t - self.t0)
         for amplitude, period, phase in self.waves:
             theta0, theta = (2 * math.pi * x / period + phase for x in (self.t0, t))
             joules -= (
@@ -420,15 +417,15 @@ class SimulatedNvml:
         return self._device(handle, "nvmlDeviceGetUUID").uuid
 
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> Any:
-        bus = self._gpu(handle, "nvmlDeviceGetPciInfo").bus
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
         return pynvml.nvmlPciInfo_t(
-            busIdLegacy=f"0000:{bus:02X}:00.0".encode(),
-            domain=0,
-            bus=bus,
+            busIdLegacy=f"{gpu.domain:04X}:{gpu.bus:02X}:00.0",
+            domain=gpu.domain,
+            bus=gpu.bus,
             device=0,
-            pciDeviceId=0x233010DE,
+            pciDeviceId=0x233010DE,  # H100 SXM5
             pciSubSystemId=0x16C110DE,
-            busId=f"00000000:{bus:02X}:00.0".encode(),
+            busId=f"{gpu.domain:08X}:{gpu.bus:02X}:00.0",
         )
 
     def nvmlDeviceGetMinorNumber(self, handle: Handle) -> int:

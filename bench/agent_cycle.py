@@ -1,0 +1,140 @@
+"""Agent cycle cost: CPU per device cycle, per process-attribution pass, and agent RSS.
+
+Setup: 8 simulated GPUs, 64 GPU processes (8 per GPU) in a fake host tree (containerd and
+CRI-O pods on cgroup v2, Docker on cgroup v1, host processes), default counters file.
+The simulator's own Python cost is *included* in the figures (real NVML calls are ioctls
+of a few microseconds each), so these are upper bounds for a real box.
+
+Targets (issue 2): <= 2 ms CPU per device cycle, <= 20 ms per process-attribution pass,
+RSS <= 60 MB.
+
+Run: .venv/bin/python bench/agent_cycle.py [--cycles 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from edge_agent import simhost
+from edge_agent.app import Backend, build_pipeline
+from edge_agent.config import load
+from edge_agent.model import SampleSink
+from edge_agent.nvml.simulator import SimulatedNvml
+
+GPUS, PROCS_PER_GPU = 8, 8
+
+
+def _cpu_ms(fn: object, cycles: int, advance: object) -> list[float]:
+    out = []
+    for _ in range(cycles):
+        advance()  # type: ignore[operator]
+        start = time.process_time()
+        fn()  # type: ignore[operator]
+        out.append((time.process_time() - start) * 1000)
+    return out
+
+
+def _summary(name: str, ms: list[float]) -> str:
+    ms = sorted(ms)
+    p95 = ms[int(len(ms) * 0.95) - 1]
+    return (
+        f"{name:<34} median {statistics.median(ms):7.3f} ms   p95 {p95:7.3f} ms   "
+        f"mean {statistics.fmean(ms):7.3f} ms   (n={len(ms)})"
+    )
+
+
+def in_process(cycles: int) -> None:
+    clock_now = [1_790_000_000.0]
+    with tempfile.TemporaryDirectory() as tmp:
+        pids = simhost.default_pids(GPUS * PROCS_PER_GPU)
+        host = simhost.build(Path(tmp), pids)
+        base = load(None, {})
+        cfg = base.__class__(
+            node_name="bench-node",
+            attribution=base.attribution.__class__(
+                proc_root=host.proc_root,
+                container_log_dir=host.container_log_dir,
+                pod_log_dir=host.pod_log_dir,
+                runtime_sockets=(),
+            ),
+        )
+        sim = SimulatedNvml(GPUS, clock=lambda: clock_now[0], pids=pids,
+                            processes_per_gpu=PROCS_PER_GPU)
+        sim.nvmlInit()
+        pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=lambda: clock_now[0])
+        device = pipeline.collection._device
+        process = pipeline.collection._process
+        assert process is not None
+
+        def advance() -> None:
+            clock_now[0] += 10.0
+
+        sink = SampleSink()
+        device.collect(sink)
+        n_device = len(sink.samples)
+        cold = SampleSink()
+        start = time.process_time()
+        process.collect(cold)
+        cold_ms = (time.process_time() - start) * 1000
+        n_proc = sum(1 for s in cold.samples if s.name == "DCGM_CUSTOM_PROCESS_MEM_USED")
+        dev_ms = _cpu_ms(lambda: device.collect(SampleSink()), cycles, advance)
+        proc_ms = _cpu_ms(lambda: process.collect(SampleSink()), cycles, advance)
+        full_ms = _cpu_ms(pipeline.collection.collect, cycles, advance)
+        pipeline.close()
+    print(f"setup: {GPUS} simulated GPUs, {n_proc} GPU processes, {n_device} device series")
+    print(_summary("device cycle (CPU)", dev_ms))
+    print(_summary("process+attribution pass (CPU)", proc_ms))
+    print(f"{'process+attribution, cold cache':<34} {cold_ms:7.3f} ms")
+    print(_summary("full collection incl. self (CPU)", full_ms))
+
+
+def agent_rss() -> None:
+    """Start the real agent binary and read its resident memory after it settles."""
+    port = 19400 + os.getpid() % 500
+    env = {**os.environ, "EDGE_AGENT_SIMULATE_PROCESSES_PER_GPU": str(PROCS_PER_GPU)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--simulate", str(GPUS),
+         "--listen", f"127.0.0.1:{port}", "--interval", "0.5"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        for _ in range(20):  # let it collect and serve for a while
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            time.sleep(0.25)
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        rss = int(fields["VmRSS"].split()[0]) / 1024
+        hwm = int(fields["VmHWM"].split()[0]) / 1024
+        print(f"{'agent process RSS (run, 8 GPUs)':<34} {rss:7.1f} MB   (peak {hwm:.1f} MB)")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=300)
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]} on {os.uname().machine}, {os.cpu_count()} CPUs")
+    in_process(args.cycles)
+    agent_rss()
+
+
+if __name__ == "__main__":
+    main()
