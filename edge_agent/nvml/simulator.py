@@ -323,7 +323,10 @@ class SimulatedNvml:
         target = self._gpu_at(gpu)
         with self._cond:
             for event_set in self._event_sets.values():
-                if event_set.registered.get(gpu, 0) & pynvml.nvmlEventTypeXidCriticalError:
+                if (
+                    not event_set.freed
+                    and event_set.registered.get(gpu, 0) & pynvml.nvmlEventTypeXidCriticalError
+                ):
                     event_set.pending.append((target, xid))
             self._cond.notify_all()
 
@@ -371,9 +374,12 @@ class SimulatedNvml:
     def _event_set(self, event_set: Any, function: str) -> _EventSet:
         self._check(function)
         try:
-            return self._event_sets[ctypes.addressof(event_set.contents)]
+            found = self._event_sets[ctypes.addressof(event_set.contents)]
         except (AttributeError, TypeError, ValueError, KeyError):
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if found.freed:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        return found
 
     # --- lifecycle and system ----------------------------------------------------------------
 
@@ -388,8 +394,8 @@ class SimulatedNvml:
             _fail(fault)
 
     def nvmlShutdown(self) -> None:
-        self._check("nvmlShutdown")
-        with self._cond:
+        with self._cond:  # reentrant: _check takes it too
+            self._check("nvmlShutdown")
             self._init_count -= 1
             self._cond.notify_all()  # event waiters give up once NVML is shut down
 
@@ -692,7 +698,6 @@ class SimulatedNvml:
     def nvmlEventSetFree(self, eventSet: Any) -> None:
         event_set = self._event_set(eventSet, "nvmlEventSetFree")
         with self._cond:
-            event_set.freed = True
+            event_set.freed = True  # kept, so that later use fails with UNINITIALIZED too
             event_set.pending.clear()
-            del self._event_sets[ctypes.addressof(event_set.target)]
             self._cond.notify_all()

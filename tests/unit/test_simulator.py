@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -395,11 +396,7 @@ def test_xid_is_delivered_to_a_waiting_thread(sim: SimulatedNvml) -> None:
     event_set = sim.nvmlEventSetCreate()
     assert isinstance(event_set, pynvml.c_nvmlEventSet_t)
     sim.nvmlDeviceRegisterEvents(h1, pynvml.nvmlEventTypeXidCriticalError, event_set)
-    received: list[Any] = []
-    waiter = threading.Thread(
-        target=lambda: received.append(sim.nvmlEventSetWait_v2(event_set, 5000))
-    )
-    waiter.start()
+    waiter, received = wait_in_thread(sim, event_set)
     sim.inject_xid(0, 13)  # not registered: never delivered
     sim.inject_xid(1, 79)
     waiter.join(timeout=5)
@@ -423,24 +420,39 @@ def test_every_registered_set_gets_the_event(sim: SimulatedNvml) -> None:
     assert [sim.nvmlEventSetWait_v2(s, 0).eventData for s in sets] == [48, 48]
 
 
-def test_freeing_the_set_wakes_the_waiter(sim: SimulatedNvml) -> None:
-    event_set = sim.nvmlEventSetCreate()
-    errors: list[Exception] = []
+def wait_in_thread(nvml: SimulatedNvml, event_set: Any) -> tuple[threading.Thread, list[Any]]:
+    """Start a thread blocked in nvmlEventSetWait_v2; it appends what it gets or raises."""
+    outcome: list[Any] = []
 
     def wait() -> None:
         try:
-            sim.nvmlEventSetWait_v2(event_set, 10_000)
+            outcome.append(nvml.nvmlEventSetWait_v2(event_set, 10_000))
         except pynvml.NVMLError as exc:
-            errors.append(exc)
+            outcome.append(exc)
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    while not waiter.is_alive():
-        pass
+    time.sleep(0.02)  # most likely blocked by now; a late waiter ends the same way
+    return waiter, outcome
+
+
+def test_freeing_the_set_wakes_the_waiter(sim: SimulatedNvml) -> None:
+    event_set = sim.nvmlEventSetCreate()
+    waiter, outcome = wait_in_thread(sim, event_set)
     sim.nvmlEventSetFree(event_set)
     waiter.join(timeout=5)
-    assert not waiter.is_alive()
-    assert [type(e) for e in errors] == [pynvml.NVMLError_Uninitialized]
+    assert [type(e) for e in outcome] == [pynvml.NVMLError_Uninitialized]
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        sim.nvmlEventSetWait_v2(event_set, 0)
+
+
+def test_shutdown_wakes_the_waiter(clock: FakeClock) -> None:
+    nvml = SimulatedNvml(1, clock=clock)
+    nvml.nvmlInit()
+    waiter, outcome = wait_in_thread(nvml, nvml.nvmlEventSetCreate())
+    nvml.nvmlShutdown()
+    waiter.join(timeout=5)
+    assert [type(e) for e in outcome] == [pynvml.NVMLError_Uninitialized]
 
 
 # --- fault injection -----------------------------------------------------------------------
