@@ -161,6 +161,7 @@ class _Gpu:
         layout = _MIG_LAYOUT if mig else ()
         self.mig_devices = [_MigDevice(self, *instance) for instance in layout]
         self.slots = self._make_slots(rng, pids, slots)
+        self._processes_memo: tuple[float, list[_Process]] | None = None
 
     def _make_slots(self, rng: random.Random, pids: Sequence[int] | None, n: int) -> list[_Slot]:
         """Spread the slots over the MIG instances (if any), capping their memory to fit."""
@@ -183,8 +184,15 @@ class _Gpu:
         return 2 * _unit(self.seed, self.index, name, math.floor(t)) - 1
 
     def processes(self, t: float) -> list[_Process]:
+        # Many calls in one cycle ask for the same instant: remember the last answer
+        # (a pure function of t, so this changes no value, only the simulator's cost).
+        memo = self._processes_memo
+        if memo is not None and memo[0] == t:
+            return memo[1]
         running = (slot.process_at(self.seed, self.index, t) for slot in self.slots)
-        return [p for p in running if p is not None]
+        result = [p for p in running if p is not None]
+        self._processes_memo = (t, result)
+        return result
 
     def load(self, t: float) -> float:
         waves = (a * math.sin(2 * math.pi * t / period + phase) for a, period, phase in self.waves)
