@@ -7,18 +7,19 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from edge_agent import __version__
 from edge_agent.bie import collect_document
-from edge_agent.config import AgentConfig, load
+from edge_agent.config import AgentConfig, load, resolve_node_name
 from edge_agent.errors import AgentError, ConfigError
 from edge_agent.exposition import render_text
 from edge_agent.model import Snapshot
 
-LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+LOG_FORMAT = "%(levelname)s node={node} %(name)s: %(message)s"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         cfg = _config(args)
-        logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+        node = resolve_node_name(cfg.node_name, os.environ)
+        fmt = LOG_FORMAT.format(node=node.replace("%", "%%"))
+        logging.basicConfig(level=cfg.log_level.upper(), format=fmt, stream=sys.stderr)
         if args.command == "once":
             _once(cfg, args.format)
         else:
