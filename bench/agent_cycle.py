@@ -14,6 +14,7 @@ Run: .venv/bin/python bench/agent_cycle.py [--cycles 300]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ctypes
 import os
 import statistics
@@ -98,14 +99,10 @@ def in_process(cycles: int) -> None:
         pids = simhost.default_pids(GPUS * PROCS_PER_GPU)
         host = simhost.build(Path(tmp), pids)
         base = load(None, {})
-        cfg = base.__class__(
+        cfg = dataclasses.replace(
+            base,
             node_name="bench-node",
-            attribution=base.attribution.__class__(
-                proc_root=host.proc_root,
-                container_log_dir=host.container_log_dir,
-                pod_log_dir=host.pod_log_dir,
-                runtime_sockets=(),
-            ),
+            attribution=simhost.attribution_config(host, base.attribution),
         )
         sim = SimulatedNvml(
             GPUS, clock=lambda: clock_now[0], pids=pids, processes_per_gpu=PROCS_PER_GPU

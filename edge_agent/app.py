@@ -86,13 +86,7 @@ def open_backend(cfg: AgentConfig) -> Backend:
         scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simhost-")
         pids = simhost.default_pids(sim_cfg.gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
         host = simhost.build(Path(scratch.name), pids, sim_cfg.seed)
-        attribution = dataclasses.replace(
-            cfg.attribution,
-            proc_root=host.proc_root,
-            container_log_dir=host.container_log_dir,
-            pod_log_dir=host.pod_log_dir,
-            runtime_sockets=(),
-        )
+        attribution = simhost.attribution_config(host, cfg.attribution)
         cfg = dataclasses.replace(cfg, attribution=attribution)
     sim = SimulatedNvml(
         sim_cfg.gpus,

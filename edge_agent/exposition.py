@@ -13,7 +13,7 @@ values); our own ``gpurelay_*_total`` counters are proper OpenMetrics counters.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from edge_agent.model import Family, Labels, Sample, Snapshot
 
@@ -61,35 +61,39 @@ def _grouped(families: Iterable[Family], samples: Iterable[Sample]) -> dict[str,
     return groups
 
 
-def render_text(snapshot: Snapshot) -> bytes:
+def text_header(name: str, fam: Family | None) -> str:
+    if fam is None:
+        return ""
+    return f"# HELP {name} {escape_help(fam.help)}\n# TYPE {name} {fam.type}\n"
+
+
+def openmetrics_header(name: str, fam: Family | None) -> str:
+    """OpenMetrics names the family without ``_total``; see the module docstring."""
+    family_name, kind = name, fam.type if fam else "unknown"
+    if kind == "counter":
+        if name.endswith("_total"):
+            family_name = name[: -len("_total")]
+        else:
+            kind = "unknown"
+    help_line = f"# HELP {family_name} {escape_help(fam.help)}\n" if fam else ""
+    return f"{help_line}# TYPE {family_name} {kind}\n"
+
+
+def _render(snapshot: Snapshot, header: Callable[[str, Family | None], str]) -> list[str]:
     out: list[str] = []
     types = {f.name: f for f in snapshot.families}
     for name, samples in _grouped(snapshot.families, snapshot.samples).items():
-        if not samples:
-            continue
-        fam = types.get(name)
-        if fam is not None:
-            out.append(f"# HELP {name} {escape_help(fam.help)}\n# TYPE {name} {fam.type}\n")
-        out.extend(f"{name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples)
-    return "".join(out).encode()
+        if samples:
+            out.append(header(name, types.get(name)))
+            out.extend(
+                f"{name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples
+            )
+    return out
+
+
+def render_text(snapshot: Snapshot) -> bytes:
+    return "".join(_render(snapshot, text_header)).encode()
 
 
 def render_openmetrics(snapshot: Snapshot) -> bytes:
-    out: list[str] = []
-    types = {f.name: f for f in snapshot.families}
-    for name, samples in _grouped(snapshot.families, snapshot.samples).items():
-        if not samples:
-            continue
-        fam = types.get(name)
-        family_name, kind = name, fam.type if fam else "unknown"
-        if kind == "counter":
-            if name.endswith("_total"):
-                family_name = name[: -len("_total")]
-            else:
-                kind = "unknown"
-        if fam is not None:
-            out.append(f"# HELP {family_name} {escape_help(fam.help)}\n")
-        out.append(f"# TYPE {family_name} {kind}\n")
-        out.extend(f"{name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples)
-    out.append("# EOF\n")
-    return "".join(out).encode()
+    return ("".join(_render(snapshot, openmetrics_header)) + "# EOF\n").encode()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from edge_agent.config import AttributionConfig
 
 _WORKLOADS = (
     ("inference", "ml-serving", "triton"),
@@ -29,6 +31,17 @@ class FakeHost:
     container_log_dir: Path
     pod_log_dir: Path
     pids: tuple[int, ...]
+
+
+def attribution_config(host: FakeHost, base: AttributionConfig) -> AttributionConfig:
+    """``base`` pointed at the fake tree (and at no container runtime socket)."""
+    return replace(
+        base,
+        proc_root=host.proc_root,
+        container_log_dir=host.container_log_dir,
+        pod_log_dir=host.pod_log_dir,
+        runtime_sockets=(),
+    )
 
 
 def _hex(*key: object, n: int = 64) -> str:

@@ -53,13 +53,7 @@ def make_pipeline(
     cfg = dataclasses.replace(
         base,
         node_name=base.node_name or "edge-node-1",
-        attribution=dataclasses.replace(
-            base.attribution,
-            proc_root=host.proc_root,
-            container_log_dir=host.container_log_dir,
-            pod_log_dir=host.pod_log_dir,
-            runtime_sockets=(),
-        ),
+        attribution=simhost.attribution_config(host, base.attribution),
     )
     sim = SimulatedNvml(
         gpus, seed=seed, mig=mig, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
