@@ -14,8 +14,8 @@ Run: .venv/bin/python bench/agent_cycle.py [--cycles 300]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import ctypes
+import dataclasses
 import os
 import statistics
 import subprocess
