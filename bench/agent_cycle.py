@@ -51,13 +51,8 @@ class ReplayNvml:
         fn = getattr(self._lib, name)
 
         def call(*args: object) -> object:
-            key = (
-                name,
-                *(
-                    ctypes.cast(a, ctypes.c_void_p).value if isinstance(a, ctypes._Pointer) else a
-                    for a in args
-                ),
-            )
+            # ctypes handles are unhashable; the agent keeps its handles, so identity works
+            key = (name, *(id(a) if isinstance(a, ctypes._Pointer) else a for a in args))
             try:
                 hit = self._memo[key]
             except KeyError:
