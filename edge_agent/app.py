@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from edge_agent import http_server
+from edge_agent import __version__, http_server
 from edge_agent.attribute import Attributor
 from edge_agent.catalog import load_counters
 from edge_agent.collect import Collection
@@ -34,6 +35,8 @@ from edge_agent.errors import NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.sdnotify import notify
+from edge_agent.tunnel import Tunnel
+from edge_agent.wire import Hello
 from edge_agent.xid import XidWatcher
 
 log = logging.getLogger("edge_agent")
@@ -54,6 +57,7 @@ class Pipeline:
     collection: Collection
     xid: XidWatcher
     attributor: Attributor
+    driver_version: str = ""
     scratch: tempfile.TemporaryDirectory[str] | None = None
 
     def close(self) -> None:
@@ -153,7 +157,7 @@ def build_pipeline(
         driver,
         ", ".join(f"{d.index}={d.name}{' (MIG)' if d.mig else ''}" for d in devices) or "none",
     )
-    return Pipeline(node, backend, lib, collection, xid, attributor, backend_.scratch)
+    return Pipeline(node, backend, lib, collection, xid, attributor, driver, backend_.scratch)
 
 
 class Agent:
@@ -164,6 +168,22 @@ class Agent:
         self.pipeline: Pipeline | None = None
         self.runner: web.AppRunner | None = None
         self.port = 0
+        self.tunnel: Tunnel | None = None
+        self._tunnel_task: asyncio.Task[None] | None = None
+
+    def hello(self) -> Hello:
+        assert self.pipeline is not None
+        snap = self.published.snapshot
+        return Hello(
+            agent_version=__version__,
+            node=self.pipeline.node,
+            domain=self.cfg.domain or self.pipeline.node,
+            backend=self.pipeline.backend,
+            driver_version=self.pipeline.driver_version,
+            hostname=socket.gethostname(),
+            interval_seconds=self.cfg.interval_seconds,
+            gpus=snap.gpus if snap else (),
+        )
 
     async def startup(self) -> None:
         self.pipeline = build_pipeline(open_backend(self.cfg))
@@ -176,6 +196,12 @@ class Agent:
         log.info(
             "serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host, self.port
         )
+        if self.cfg.gateway.address:
+            self.tunnel = Tunnel(self.cfg.gateway, node=self.pipeline.node, hello=self.hello)
+            self.tunnel.submit(snapshot)
+            self._tunnel_task = asyncio.create_task(self.tunnel.run(), name="tunnel")
+        else:
+            log.info("no gateway.address configured: serving locally only, not pushing")
         notify("READY=1")
 
     async def run(self) -> None:
@@ -191,10 +217,16 @@ class Agent:
                 next_at = time.monotonic() + interval
             snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
             self.published.publish(snapshot)
+            if self.tunnel is not None:
+                self.tunnel.submit(snapshot)
             notify("WATCHDOG=1")
 
     async def shutdown(self) -> None:
         notify("STOPPING=1")
+        if self._tunnel_task is not None:
+            self._tunnel_task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._tunnel_task
         if self.runner is not None:
             await self.runner.cleanup()
         if self.pipeline is not None:

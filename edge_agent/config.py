@@ -8,18 +8,14 @@ are errors, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
-import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from edge_agent.errors import ConfigError
+from edge_agent.tomlenv import SettingsError, load_settings
 
 ENV_PREFIX = "EDGE_AGENT_"
 # Variables with this prefix that are not config keys.
@@ -51,8 +47,34 @@ class AttributionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """Where and how to push. An empty address means: serve locally only, do not push."""
+
+    address: str = ""  # HOST:PORT of the gateway's SSH listener (default port 2222)
+    known_hosts: Path | None = None  # "@cert-authority * <host CA>" line(s) or a pinned key
+    key: Path | None = None  # the node's private key
+    certificate: Path | None = None  # default: <key>-cert.pub
+    connect_timeout_seconds: float = 10.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+    keepalive_seconds: float = 15.0
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        address = self.address if ":" in self.address else self.address + ":2222"
+        return split_host_port(address, "gateway.address")
+
+    @property
+    def certificate_path(self) -> Path | None:
+        if self.certificate is not None:
+            return self.certificate
+        return None if self.key is None else self.key.with_name(self.key.name + "-cert.pub")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     node_name: str = ""
+    domain: str = ""  # network domain reported to the gateway (default: the node name)
     listen: str = "127.0.0.1:9400"
     interval_seconds: float = 10.0
     process_interval_seconds: float = 10.0
@@ -60,6 +82,7 @@ class AgentConfig:
     log_level: str = "info"
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     @property
     def listen_host(self) -> str:
@@ -70,10 +93,10 @@ class AgentConfig:
         return split_host_port(self.listen)[1]
 
 
-def split_host_port(value: str) -> tuple[str, int]:
+def split_host_port(value: str, what: str = "listen address") -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"listen address {value!r} must look like HOST:PORT")
+        raise ConfigError(f"{what} {value!r} must look like HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -88,18 +111,10 @@ def resolve_node_name(configured: str, environ: Mapping[str, str]) -> str:
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
     """Load the TOML file (optional), apply ``EDGE_AGENT_*`` overrides, validate."""
     env = os.environ if environ is None else environ
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} does not exist") from exc
-        except OSError as exc:
-            raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    _apply_env(AgentConfig, data, env)
-    cfg: AgentConfig = _build(AgentConfig, data, "")
+    try:
+        cfg = load_settings(AgentConfig, path, env, prefix=ENV_PREFIX, reserved=_ENV_RESERVED)
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from exc
     _validate(cfg)
     return cfg
 
@@ -112,95 +127,13 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("simulate.gpus must be between 0 and 64")
     if cfg.log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("log_level must be one of debug, info, warning, error")
-
-
-def _env_paths(cls: type, prefix: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    out: dict[str, tuple[str, ...]] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        path = (*prefix, f.name)
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            out.update(_env_paths(hint, path))  # type: ignore[arg-type]
-        else:
-            out[ENV_PREFIX + "_".join(path).upper()] = path
-    return out
-
-
-def _apply_env(cls: type, data: dict[str, Any], env: Mapping[str, str]) -> None:
-    known = _env_paths(cls, ())
-    for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name in _ENV_RESERVED:
-            continue
-        path = known.get(name)
-        if path is None:
-            raise ConfigError(f"unknown environment variable {name} (known: {', '.join(known)})")
-        node = data
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = _EnvString(raw)
-
-
-class _EnvString(str):
-    """A value that came from the environment: converted from text to the field's type."""
-
-
-def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where or 'config'} must be a table")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {where or 'config'}: {', '.join(unknown)}")
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{where}.{name}" if where else name
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, key)  # type: ignore[arg-type]
-        else:
-            kwargs[name] = _convert(hint, value, key)
-    return cls(**kwargs)
-
-
-def _convert(hint: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value in ("", None):
-            return None
-        return _convert(args[0], value, key)
-    from_env = isinstance(value, _EnvString)
-    if origin is tuple:
-        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
-        items = [v for v in value.split(",") if v.strip()] if from_env else value
-        if not isinstance(items, list | tuple):
-            raise ConfigError(f"{key} must be a list")
-        return tuple(_convert(item, v.strip() if from_env else v, key) for v in items)
-    try:
-        if hint is bool:
-            if from_env:
-                return _parse_bool(value, key)
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if hint is int and not from_env and isinstance(value, bool):
-            raise TypeError
-        if hint in (int, float) and not from_env and not isinstance(value, int | float):
-            raise TypeError
-        if hint is str and not isinstance(value, str):
-            raise TypeError
-        return hint(value)
-    except (TypeError, ValueError) as exc:
-        name = getattr(hint, "__name__", str(hint))
-        raise ConfigError(f"{key} must be of type {name}, got {value!r}") from exc
-
-
-def _parse_bool(value: str, key: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ConfigError(f"{key} must be a boolean (true/false), got {value!r}")
+    gw = cfg.gateway
+    if gw.address:
+        split_host_port(gw.address if ":" in gw.address else gw.address + ":2222", "gateway.address")
+        missing = [
+            n
+            for n, v in (("gateway.key", gw.key), ("gateway.known_hosts", gw.known_hosts))
+            if v is None
+        ]
+        if missing:
+            raise ConfigError(f"gateway.address is set, so {' and '.join(missing)} must be too")

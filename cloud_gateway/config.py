@@ -1,0 +1,90 @@
+"""Gateway configuration: frozen dataclasses from TOML, overridable by CLOUD_GATEWAY_*.
+
+``[ssh] listen`` -> ``CLOUD_GATEWAY_SSH_LISTEN``, ``[http] tokens`` ->
+``CLOUD_GATEWAY_HTTP_TOKENS`` (comma-separated), and so on. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cloud_gateway.errors import GatewayConfigError
+from edge_agent.config import split_host_port
+from edge_agent.errors import ConfigError
+from edge_agent.tomlenv import SettingsError, load_settings
+
+ENV_PREFIX = "CLOUD_GATEWAY_"
+_RESERVED = frozenset({"CLOUD_GATEWAY_CONFIG", "CLOUD_GATEWAY_URL", "CLOUD_GATEWAY_TOKEN"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SshConfig:
+    listen: str = "0.0.0.0:2222"
+    host_key: Path = Path("/etc/edge-gpu-relay/gateway/host_key")
+    host_certificate: Path | None = None  # default: <host_key>-cert.pub when it exists
+    user_ca: Path = Path("/etc/edge-gpu-relay/gateway/user_ca.pub")  # trusted CA key(s)
+    revocation_file: Path | None = None  # reloaded on change, no restart needed
+    login_timeout_seconds: float = 30.0
+    max_frame_bytes: int = 4 * 1024 * 1024
+    max_series_per_node: int = 50_000
+
+    @property
+    def host_certificate_path(self) -> Path | None:
+        if self.host_certificate is not None:
+            return self.host_certificate
+        candidate = self.host_key.with_name(self.host_key.name + "-cert.pub")
+        return candidate if candidate.exists() else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpConfig:
+    listen: str = "0.0.0.0:9410"
+    tokens: tuple[str, ...] = ()  # bearer tokens accepted on /api/*
+    token_files: tuple[Path, ...] = ()  # files holding one token each (e.g. operator.token)
+    protect_metrics: bool = False  # require a token on /metrics and /v1/collect too
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistryConfig:
+    stale_after_intervals: float = 3.0
+    offline_grace_seconds: float = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    log_level: str = "info"
+    drain_seconds: float = 5.0
+    ssh: SshConfig = field(default_factory=SshConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+
+    def api_tokens(self) -> frozenset[str]:
+        """Inline tokens plus those read from token files (errors name the file)."""
+        tokens = set(self.http.tokens)
+        for path in self.http.token_files:
+            try:
+                token = path.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise GatewayConfigError(
+                    f"token file {path} cannot be read: {exc.strerror}"
+                ) from exc
+            if not token:
+                raise GatewayConfigError(f"token file {path} is empty")
+            tokens.add(token)
+        return frozenset(tokens)
+
+
+def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    env = os.environ if environ is None else environ
+    try:
+        cfg = load_settings(GatewayConfig, path, env, prefix=ENV_PREFIX, reserved=_RESERVED)
+        split_host_port(cfg.ssh.listen, "ssh.listen")
+        split_host_port(cfg.http.listen, "http.listen")
+    except (SettingsError, ConfigError) as exc:
+        raise GatewayConfigError(str(exc)) from exc
+    if cfg.registry.stale_after_intervals <= 0 or cfg.registry.offline_grace_seconds < 0:
+        raise GatewayConfigError("registry.stale_after_intervals must be > 0, grace >= 0")
+    return cfg

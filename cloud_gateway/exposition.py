@@ -1,0 +1,199 @@
+"""The unified ``/metrics`` body of all nodes, and the BIE ``/v1/collect`` document.
+
+The text format wants every family in one group, so the body is family-major: for each
+family (sorted by name, so the body does not depend on which node connected first) its
+``# HELP``/``# TYPE`` header once, then the cached block of every node that has the
+family (nodes sorted by name). Building a body is a join of cached bytes; only blocks a
+batch touched are re-rendered (see :mod:`cloud_gateway.registry`). Then come the
+per-node families ``gpurelay_node_up`` and ``gpurelay_node_last_seen_timestamp_seconds``
+(which outlive a node's expired device series) and the gateway's own families.
+
+A body, its gzip and its OpenMetrics variant are each built at most once per generation
+and returned as the same ``bytes`` object to every scraper until something changes.
+OpenMetrics follows the agent's rule (:func:`edge_agent.exposition.openmetrics_header`):
+dcgm counters without ``_total`` keep their names and are typed ``unknown``.
+
+Call :meth:`Exposition.body` on the thread that mutates the registry (the event loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip as gzip_
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from edge_agent.bie import node_summary
+from edge_agent.exposition import (
+    format_labels,
+    format_value,
+    openmetrics_header,
+    text_header,
+)
+from edge_agent.model import Family, GpuInventory, Sample
+
+from .registry import Registry
+
+MIB = 1024 * 1024
+NODE_UP = Family(
+    name="gpurelay_node_up",
+    type="gauge",
+    help="1 while the node has a tunnel to the gateway (online or stale), else 0.",
+)
+NODE_LAST_SEEN = Family(
+    name="gpurelay_node_last_seen_timestamp_seconds",
+    type="gauge",
+    help="Unix time the gateway last heard from the node (connect or batch).",
+)
+FamilySamples = tuple[Family, Sequence[Sample]]
+
+
+def header(family: Family, *, openmetrics: bool) -> bytes:
+    render = openmetrics_header if openmetrics else text_header
+    return render(family.name, family).encode()
+
+
+def render_families(families: Iterable[FamilySamples], *, openmetrics: bool) -> bytes:
+    """Plain rendering of a few families (the gateway's own; not for the node data)."""
+    out = []
+    for fam, samples in families:
+        if samples:
+            out.append(header(fam, openmetrics=openmetrics))
+            out.extend(
+                f"{s.name}{format_labels(s.labels)} {format_value(s.value)}\n".encode()
+                for s in samples
+            )
+    return b"".join(out)
+
+
+class Exposition:
+    """Shared, cached ``/metrics`` bodies over one :class:`Registry`."""
+
+    def __init__(self, registry: Registry, *, gzip_level: int = 1) -> None:
+        self.registry = registry
+        self.gzip_level = gzip_level  # 1: a 100 MB body compresses in a fraction of 6's time
+        self.bodies_built = 0
+        self._extra: tuple[bytes, bytes] = (b"", b"")  # (text, openmetrics)
+        self._extra_generation = 0
+        self._generation: tuple[int, int] | None = None
+        self._bodies: dict[tuple[bool, bool], bytes] = {}
+        self._headers: dict[tuple[Family, bool], bytes] = {}
+        self._node_lines: dict[str, tuple[bool, float | None, bytes, bytes]] = {}
+
+    @property
+    def generation(self) -> tuple[int, int]:
+        return (self.registry.generation, self._extra_generation)
+
+    def set_extra(self, families: Iterable[FamilySamples]) -> None:
+        """The gateway's own families, appended after the node data. Call it when they
+        change; the bodies are rebuilt only if the rendering differs."""
+        families = list(families)
+        extra = (
+            render_families(families, openmetrics=False),
+            render_families(families, openmetrics=True),
+        )
+        if extra != self._extra:
+            self._extra = extra
+            self._extra_generation += 1
+
+    def body(self, *, openmetrics: bool, gzip: bool) -> bytes:
+        generation = self.generation
+        if generation != self._generation:
+            self._bodies.clear()
+            self._generation = generation
+        key = (openmetrics, gzip)
+        body = self._bodies.get(key)
+        if body is None:
+            if gzip:
+                plain = self.body(openmetrics=openmetrics, gzip=False)
+                body = gzip_.compress(plain, compresslevel=self.gzip_level, mtime=0)
+            else:
+                body = b"".join(self._parts(openmetrics))
+            self._bodies[key] = body
+            self.bodies_built += 1
+        return body
+
+    def _parts(self, openmetrics: bool) -> list[bytes]:
+        parts: list[bytes] = []
+        for fam, blocks in self.registry.family_blocks():
+            parts.append(self._header(fam, openmetrics))
+            parts += blocks
+        parts += self._node_families(openmetrics)
+        parts.append(self._extra[openmetrics])
+        if openmetrics:
+            parts.append(b"# EOF\n")
+        return parts
+
+    def _header(self, family: Family, openmetrics: bool) -> bytes:
+        key = (family, openmetrics)
+        hit = self._headers.get(key)
+        if hit is None:
+            hit = self._headers[key] = header(family, openmetrics=openmetrics)
+        return hit
+
+    def _node_families(self, openmetrics: bool) -> list[bytes]:
+        """``gpurelay_node_up`` and ``..._last_seen_...``; lines are re-rendered only for
+        nodes whose values changed."""
+        cache, up, seen = self._node_lines, [], []
+        for name, is_up, last_seen in self.registry.liveness():
+            hit = cache.get(name)
+            if hit is None or hit[0] != is_up or hit[1] != last_seen:
+                labels = format_labels((("Hostname", name),))
+                seen_line = b""
+                if last_seen is not None:
+                    seen_line = (
+                        f"{NODE_LAST_SEEN.name}{labels} {format_value(float(last_seen))}\n".encode()
+                    )
+                up_line = f"{NODE_UP.name}{labels} {int(is_up)}\n".encode()
+                hit = cache[name] = (is_up, last_seen, up_line, seen_line)
+            up.append(hit[2])
+            seen.append(hit[3])
+        if not up:
+            return []
+        parts = [self._header(NODE_UP, openmetrics), *up]
+        if any(seen):
+            parts += [self._header(NODE_LAST_SEEN, openmetrics), *seen]
+        return parts
+
+
+def bie_document(registry: Registry, now: float) -> dict[str, Any]:
+    """``{node: summary}`` for every *online* node, as the agent's ``/v1/collect``.
+
+    Devices are the GPUs of the node's hello (physical GPUs; MIG instances are not
+    devices). Used memory is the node's latest ``DCGM_FI_DEV_FB_USED`` of the GPU (the
+    series without a ``GPU_I_ID``, matched by ``UUID``), MiB turned into bytes; total is
+    the hello's exact byte count, or ``FB_USED + FB_FREE + FB_RESERVED`` where the hello
+    had none (a GPU that was lost at connect). Without FB values the hello's figures stand.
+    """
+    return {
+        view.name: node_summary(current_gpus(registry, view.name, view.gpus))
+        for view in registry.nodes(now, state="online")
+    }
+
+
+def current_gpus(registry: Registry, node: str, gpus: Sequence[GpuInventory]) -> list[GpuInventory]:
+    fb = {fam: _by_uuid(registry, node, fam) for fam in ("USED", "FREE", "RESERVED")}
+    out = []
+    for gpu in gpus:
+        used = fb["USED"].get(gpu.uuid)
+        if used is None:
+            out.append(gpu)
+            continue
+        total = gpu.memory_total_bytes
+        if total <= 0:
+            parts = [fb[fam].get(gpu.uuid) for fam in ("USED", "FREE", "RESERVED")]
+            total = round(sum(p for p in parts if p is not None) * MIB)
+        out.append(
+            dataclasses.replace(gpu, memory_used_bytes=round(used * MIB), memory_total_bytes=total)
+        )
+    return out
+
+
+def _by_uuid(registry: Registry, node: str, field: str) -> dict[str, float]:
+    """Latest ``DCGM_FI_DEV_FB_<field>`` (MiB) of each physical GPU, by UUID."""
+    out = {}
+    for labels, value in registry.latest(node, f"DCGM_FI_DEV_FB_{field}"):
+        d = dict(labels)
+        if not d.get("GPU_I_ID") and "UUID" in d:
+            out[d["UUID"]] = value
+    return out

@@ -1,0 +1,128 @@
+"""``cloud-gateway nodes``: list nodes through the operator API (httpx).
+
+Readable errors for the things that go wrong in practice: the gateway is not reachable,
+the token is missing or wrong, the URL is not a gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:9410"
+
+
+def add_nodes_parser(sub: Any) -> None:
+    p = sub.add_parser("nodes", help="list the nodes the gateway knows")
+    p.add_argument(
+        "--gateway",
+        default=os.environ.get("CLOUD_GATEWAY_URL", DEFAULT_URL),
+        help=f"gateway HTTP URL (default $CLOUD_GATEWAY_URL or {DEFAULT_URL})",
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("CLOUD_GATEWAY_TOKEN", ""),
+        help="bearer token (default $CLOUD_GATEWAY_TOKEN)",
+    )
+    p.add_argument("--token-file", type=Path, help="read the bearer token from this file")
+    p.add_argument("--state", choices=("online", "stale", "offline"), help="only this state")
+    p.add_argument("--domain", help="only nodes of this network domain")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument("--timeout", type=float, default=10.0)
+
+
+class NodesError(Exception):
+    pass
+
+
+def fetch_nodes(args: argparse.Namespace) -> dict[str, Any]:
+    token = args.token
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise NodesError(
+                f"token file {args.token_file} cannot be read: {exc.strerror}"
+            ) from exc
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    params = {k: v for k, v in (("state", args.state), ("domain", args.domain)) if v}
+    url = args.gateway.rstrip("/") + "/api/v1/nodes"
+    try:
+        response = httpx.get(url, headers=headers, params=params, timeout=args.timeout)
+    except httpx.TransportError as exc:
+        raise NodesError(f"cannot reach the gateway at {args.gateway}: {exc}") from exc
+    if response.status_code in (401, 403):
+        hint = (
+            "no token given (--token, --token-file or $CLOUD_GATEWAY_TOKEN)"
+            if not token
+            else "the token was not accepted"
+        )
+        raise NodesError(f"gateway said {response.status_code}: {_body(response)}; {hint}")
+    if response.status_code != 200:
+        raise NodesError(f"gateway said {response.status_code}: {_body(response)}")
+    try:
+        doc: dict[str, Any] = response.json()
+        doc["nodes"]  # noqa: B018 - shape check
+    except (ValueError, KeyError, TypeError) as exc:
+        raise NodesError(f"{url} did not answer like an edge-gpu-relay gateway") from exc
+    return doc
+
+
+def _body(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("error", response.text)).strip()
+    except ValueError:
+        return response.text.strip()[:200]
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def render_table(nodes: list[dict[str, Any]], now: float) -> str:
+    header = ("NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT")
+    rows = [header]
+    for n in nodes:
+        last = n.get("last_seen")
+        rows.append(
+            (
+                str(n.get("name", "")),
+                str(n.get("state", "")),
+                str(n.get("domain", "")),
+                str(n.get("gpu_count", 0)),
+                _age(now - last if isinstance(last, int | float) else None),
+                str(n.get("agent_version", "")),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run_nodes(args: argparse.Namespace) -> int:
+    try:
+        doc = fetch_nodes(args)
+    except NodesError as exc:
+        print(f"cloud-gateway nodes: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not doc["nodes"]:
+        print("no nodes" + (f" in state {args.state}" if args.state else ""))
+    else:
+        sys.stdout.write(render_table(doc["nodes"], doc.get("now", time.time())))
+    return 0

@@ -1,0 +1,468 @@
+"""The node registry: who is connected, what each node declared, and the latest values.
+
+Pure: no sockets, no clocks (every method that needs the time takes ``now``), no logging.
+The SSH server calls it as frames arrive; the exposition and the HTTP API read it.
+
+Parsing, validation, node stamping and escaping happen once, when a series is declared:
+a series keeps its rendered line ``b'NAME{labels} VALUE\\n'`` (and where the value starts),
+so a batch only formats the values that changed. Lines are grouped into (family, node)
+blocks; a batch marks the blocks it touched dirty and bumps :attr:`Registry.generation`.
+
+Series ids belong to a connection; series *records* belong to the node. A reconnecting
+agent re-declares its series and they bind to the existing records (same name and
+labels), so the latest values stay exposed across a reconnect; a ``full`` batch then
+drops whatever it does not list.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import insort
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from edge_agent.exposition import format_labels, format_value
+from edge_agent.model import Family, GpuInventory, Labels
+from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+
+NodeState = Literal["online", "stale", "offline"]
+FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
+NODE_LABELS = ("NodeName", "Hostname")  # ACK series carry NodeName, device series Hostname
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegistryConfig:
+    stale_after_intervals: float = 3.0  # connected but silent this many intervals: stale
+    offline_grace: float = 300.0  # seconds offline before a node's series are dropped
+    max_series_per_node: int = 50_000
+    recent_errors: int = 20
+    reserved_prefixes: tuple[str, ...] = ("gpurelay_node_", "gpurelay_gateway_")
+    tracked_families: frozenset[str] = FB_FAMILIES  # keep labels for :meth:`Registry.latest`
+
+
+class RegistryError(Exception):
+    """Base of the registry's errors."""
+
+
+class StaleConnection(RegistryError):
+    """A frame on a connection that is no longer the node's current one: close it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    conn_id: int
+    replaced: int | None  # the node's previous live connection, which the caller closes
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    id: int
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    accepted: int
+    rejected: tuple[Rejected, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Applied:
+    """The outcome of one batch. Acknowledge ``seq`` in both cases: a duplicate was
+    applied before (the agent replayed it) and must leave the agent's spool too."""
+
+    seq: int
+    duplicate: bool
+    changed: int = 0  # values that differ from the previous ones
+    removed: int = 0
+    unknown: int = 0  # ids never declared on this connection (rejected ids not counted)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeError:
+    time: float
+    message: str
+
+
+class Liveness(NamedTuple):
+    name: str
+    up: bool  # connected (online or stale)
+    last_seen: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeView:
+    name: str
+    state: NodeState
+    connected_since: float | None
+    last_batch_time: float | None
+    last_seen: float | None
+    remote: str
+    agent_version: str
+    domain: str
+    backend: str
+    interval_seconds: float
+    gpus: tuple[GpuInventory, ...]
+    series_count: int
+    batches_received: int
+    bytes_received: int
+    duplicates: int
+    recent_errors: tuple[NodeError, ...]
+    last_disconnect_reason: str
+
+
+def stamp_node(labels: Labels, node: str) -> Labels:
+    """Set ``NodeName``/``Hostname`` to the authenticated node; add ``Hostname`` if neither."""
+    stamped = tuple((k, node) if k in NODE_LABELS else (k, v) for k, v in labels)
+    if any(k in NODE_LABELS for k, _ in labels):
+        return stamped
+    return (*stamped, ("Hostname", node))
+
+
+class _FamilyState:
+    __slots__ = ("blocks", "family", "first_node", "groups", "ordered", "refs")
+
+    def __init__(self, family: Family, first_node: str) -> None:
+        self.family = family
+        self.first_node = first_node
+        self.groups: dict[str, _Group] = {}  # node -> block of that node's lines
+        self.ordered: list[_Group] | None = None  # groups by node name
+        self.blocks: list[bytes] | None = None  # their bytes, in that order
+        self.refs = 0  # series records of this family, live or not
+
+
+class _Group:
+    __slots__ = ("block", "fs", "node", "series")
+
+    def __init__(self, fs: _FamilyState, node: str) -> None:
+        self.fs = fs
+        self.node = node
+        self.series: dict[_Series, None] = {}  # insertion-ordered set
+        self.block: bytes | None = None
+
+
+class _Series:
+    __slots__ = ("conn", "cut", "fs", "group", "line", "sid", "value")
+
+    def __init__(self, fs: _FamilyState, prefix: bytes, conn: int, sid: int) -> None:
+        self.fs = fs
+        self.line = prefix  # b'NAME{labels} ' until a value arrives, then + b'VALUE\n'
+        self.cut = len(prefix)
+        self.value: float | None = None
+        self.group: _Group | None = None  # set while the series has a value
+        self.conn = conn
+        self.sid = sid
+
+
+class _Node:
+    def __init__(self, name: str, max_errors: int) -> None:
+        self.name = name
+        self.conn_id = 0
+        self.connected = False
+        self.remote = ""
+        self.hello: Hello | None = None
+        self.connected_since: float | None = None
+        self.disconnected_at: float | None = None
+        self.disconnect_reason = ""
+        self.last_batch_time: float | None = None
+        self.last_seen: float | None = None
+        self.last_seq = -1  # survives reconnects
+        self.batches = self.bytes = self.duplicates = 0
+        self.errors: deque[NodeError] = deque(maxlen=max_errors)
+        self.ids: dict[int, _Series] = {}  # ids of the current connection
+        self.rejected: set[int] = set()  # ids of the current connection that were refused
+        self.series: set[_Series] = set()  # every record, bound to the connection or not
+        self.groups: dict[str, _Group] = {}  # family name -> group
+        self.tracked: dict[_Series, Labels] = {}
+
+
+class Registry:
+    def __init__(self, config: RegistryConfig | None = None) -> None:
+        self.config = config or RegistryConfig()
+        self.generation = 0  # bumped by every change that alters the exposition
+        self.blocks_rendered = 0
+        self._nodes: dict[str, _Node] = {}
+        self._names: list[str] = []  # sorted
+        self._families: dict[str, _FamilyState] = {}
+        self._family_order: list[_FamilyState] | None = None
+        self._last_conn = 0
+
+    # --- connections ---------------------------------------------------------------
+
+    def connect(self, node: str, *, remote: str, hello: Hello, now: float) -> Connected:
+        n = self._node(node)
+        replaced = n.conn_id if n.connected else None
+        self._last_conn += 1
+        n.conn_id, n.connected, n.remote, n.hello = self._last_conn, True, remote, hello
+        n.connected_since = n.last_seen = now
+        n.disconnected_at = None
+        n.ids, n.rejected = {}, set()
+        self.generation += 1
+        return Connected(n.conn_id, replaced)
+
+    def disconnect(self, node: str, conn_id: int, *, now: float, reason: str) -> None:
+        n = self._nodes.get(node)
+        if n is None or not n.connected or n.conn_id != conn_id:
+            return  # an older connection that a newer one already replaced
+        n.connected, n.disconnected_at, n.disconnect_reason = False, now, reason
+        n.ids, n.rejected = {}, set()
+        self.generation += 1
+
+    def record_error(self, node: str, message: str, now: float) -> None:
+        self._node(node).errors.append(NodeError(now, message))
+
+    # --- series and values ---------------------------------------------------------
+
+    def declare(self, node: str, conn_id: int, decl: Declare) -> Declared:
+        n = self._current(node, conn_id)
+        by_prefix = {s.line[: s.cut]: s for s in n.series}
+        rejected: list[Rejected] = []
+        for sd in decl.series:
+            reason = self._declare_one(n, sd, by_prefix)
+            if reason is not None:
+                n.rejected.add(sd.id)
+                rejected.append(Rejected(sd.id, sd.name, reason))
+        return Declared(len(decl.series) - len(rejected), tuple(rejected))
+
+    def apply(
+        self, node: str, conn_id: int, batch: Batch, *, now: float, size_bytes: int
+    ) -> Applied:
+        n = self._current(node, conn_id)
+        n.batches += 1
+        n.bytes += size_bytes
+        n.last_seen = n.last_batch_time = now
+        self.generation += 1  # last_seen changed, at least
+        if batch.seq <= n.last_seq:
+            n.duplicates += 1
+            return Applied(seq=batch.seq, duplicate=True)
+        n.last_seq = batch.seq
+        ids = n.ids
+        dirty: set[_Group] = set()
+        changed = unknown = 0
+        for sid, raw in batch.values:
+            s = ids.get(sid)
+            if s is None:
+                if sid not in n.rejected:
+                    unknown += 1
+                continue
+            value = float(raw)
+            if s.value == value:
+                continue
+            s.value = value
+            s.line = s.line[: s.cut] + format_value(value).encode() + b"\n"
+            dirty.add(s.group or self._go_live(n, s))
+            changed += 1
+        for g in dirty:
+            g.block = g.fs.blocks = None
+        gone = dict.fromkeys(ids[sid] for sid in batch.removed if sid in ids)
+        if batch.full:
+            listed = {ids[sid] for sid, _ in batch.values if sid in ids}
+            gone.update(dict.fromkeys(s for s in n.series if s not in listed))
+        for s in gone:
+            self._remove(n, s)
+        return Applied(
+            seq=batch.seq, duplicate=False, changed=changed, removed=len(gone), unknown=unknown
+        )
+
+    def expire(self, now: float) -> list[str]:
+        """Drop the series of nodes offline for longer than the grace; keep the nodes."""
+        expired = []
+        for n in self._nodes.values():
+            gone = (
+                n.disconnected_at is not None
+                and now - n.disconnected_at > self.config.offline_grace
+            )
+            if gone and n.series:
+                for s in list(n.series):
+                    self._remove(n, s)
+                expired.append(n.name)
+        if expired:
+            self.generation += 1
+        return expired
+
+    # --- reading -------------------------------------------------------------------
+
+    def node(self, name: str, *, now: float) -> NodeView | None:
+        n = self._nodes.get(name)
+        return None if n is None else self._view(n, now)
+
+    def nodes(self, now: float, state: NodeState | None = None) -> list[NodeView]:
+        views = [self._view(self._nodes[name], now) for name in self._names]
+        return [v for v in views if state is None or v.state == state]
+
+    def states(self, now: float) -> dict[str, NodeState]:
+        return {name: self._state(self._nodes[name], now) for name in self._names}
+
+    def liveness(self) -> list[Liveness]:
+        """Per node, sorted by name: up (connected) and the last time it was heard from."""
+        nodes = (self._nodes[name] for name in self._names)
+        return [Liveness(n.name, n.connected, n.last_seen) for n in nodes]
+
+    def latest(self, node: str, family: str) -> list[tuple[Labels, float]]:
+        """Labels and value of a node's live series of a tracked family (config)."""
+        n = self._nodes.get(node)
+        if n is None:
+            return []
+        return [
+            (labels, s.value)
+            for s, labels in n.tracked.items()
+            if s.value is not None and s.fs.family.name == family
+        ]
+
+    def family_blocks(self) -> list[tuple[Family, list[bytes]]]:
+        """Families sorted by name, each with its nodes' blocks in node order; dirty
+        blocks are rendered here (a join of the lines), clean ones are reused."""
+        if self._family_order is None:
+            self._family_order = [self._families[k] for k in sorted(self._families)]
+        out = []
+        for fs in self._family_order:
+            if fs.blocks is None:
+                if fs.ordered is None:
+                    fs.ordered = [fs.groups[k] for k in sorted(fs.groups)]
+                fs.blocks = [self._render(g) for g in fs.ordered]
+            if fs.blocks:
+                out.append((fs.family, fs.blocks))
+        return out
+
+    def block(self, node: str, family: str) -> bytes | None:
+        """The cached block of one (family, node), ``None`` while dirty or absent."""
+        n = self._nodes.get(node)
+        g = n.groups.get(family) if n else None
+        return g.block if g else None
+
+    # --- internals -----------------------------------------------------------------
+
+    def _node(self, name: str) -> _Node:
+        n = self._nodes.get(name)
+        if n is None:
+            n = self._nodes[name] = _Node(name, self.config.recent_errors)
+            insort(self._names, name)
+        return n
+
+    def _current(self, node: str, conn_id: int) -> _Node:
+        n = self._nodes.get(node)
+        if n is None or not n.connected or n.conn_id != conn_id:
+            raise StaleConnection(f"connection {conn_id} of node {node!r} is not current")
+        return n
+
+    def _declare_one(self, n: _Node, sd: SeriesDecl, by_prefix: dict[bytes, _Series]) -> str | None:
+        reason = self._invalid(sd)
+        if reason is not None:
+            return reason
+        if sd.id in n.ids or sd.id in n.rejected:
+            return f"series id {sd.id} is already declared on this connection"
+        fs = self._families.get(sd.name)
+        if fs is not None and fs.family.type != sd.type:
+            return (
+                f"family {sd.name} is a {fs.family.type} (first declared by node "
+                f"{fs.first_node!r}); this series declares it a {sd.type}"
+            )
+        labels = stamp_node(sd.labels, n.name)
+        prefix = f"{sd.name}{format_labels(labels)} ".encode()
+        s = by_prefix.get(prefix)
+        if s is not None:  # a record from an earlier connection (or a duplicate)
+            if s.conn == n.conn_id:
+                return f"same name and labels as series id {s.sid}"
+            s.conn, s.sid = n.conn_id, sd.id
+        else:
+            if len(n.series) >= self.config.max_series_per_node:
+                return f"node has {len(n.series)} series, the limit"
+            if fs is None:
+                fs = self._families[sd.name] = _FamilyState(
+                    Family(name=sd.name, type=sd.type, help=sd.help), n.name
+                )
+                self._family_order = None
+            s = by_prefix[prefix] = _Series(fs, prefix, n.conn_id, sd.id)
+            fs.refs += 1
+            n.series.add(s)
+            if sd.name in self.config.tracked_families:
+                n.tracked[s] = labels
+        n.ids[sd.id] = s
+        return None
+
+    def _invalid(self, sd: SeriesDecl) -> str | None:
+        if not _METRIC_NAME.match(sd.name):
+            return f"invalid metric name {sd.name!r}"
+        if sd.name.startswith(self.config.reserved_prefixes):
+            return f"metric name {sd.name} is reserved for the gateway"
+        if sd.type not in ("gauge", "counter"):
+            return f"unsupported type {sd.type!r}"
+        names = [k for k, _ in sd.labels]
+        for k in names:
+            if not _LABEL_NAME.match(k) or k.startswith("__"):
+                return f"invalid label name {k!r}"
+        if len(set(names)) != len(names):
+            return "a label name is repeated"
+        return None
+
+    def _go_live(self, n: _Node, s: _Series) -> _Group:
+        """A series joins its (family, node) block when its first value arrives."""
+        fs = s.fs
+        g = n.groups.get(fs.family.name)
+        if g is None:
+            g = n.groups[fs.family.name] = fs.groups[n.name] = _Group(fs, n.name)
+            fs.ordered = None
+        g.series[s] = None
+        s.group = g
+        return g
+
+    def _remove(self, n: _Node, s: _Series) -> None:
+        fs, g = s.fs, s.group
+        if g is not None:
+            del g.series[s]
+            g.block = fs.blocks = None
+            if not g.series:
+                del n.groups[fs.family.name], fs.groups[n.name]
+                fs.ordered = None
+        n.series.discard(s)
+        n.tracked.pop(s, None)
+        if s.conn == n.conn_id and n.ids.get(s.sid) is s:
+            del n.ids[s.sid]
+        fs.refs -= 1
+        if fs.refs == 0 and self._families.get(fs.family.name) is fs:
+            del self._families[fs.family.name]
+            self._family_order = None
+
+    def _render(self, g: _Group) -> bytes:
+        if g.block is None:
+            g.block = b"".join([s.line for s in g.series])
+            self.blocks_rendered += 1
+        return g.block
+
+    def _state(self, n: _Node, now: float) -> NodeState:
+        if not n.connected:
+            return "offline"
+        interval = n.hello.interval_seconds if n.hello else 0.0
+        if not (math.isfinite(interval) and interval > 0):
+            interval = 10.0
+        heard = n.last_batch_time if n.last_batch_time is not None else n.connected_since
+        if heard is not None and now - heard > self.config.stale_after_intervals * interval:
+            return "stale"
+        return "online"
+
+    def _view(self, n: _Node, now: float) -> NodeView:
+        h = n.hello
+        return NodeView(
+            name=n.name,
+            state=self._state(n, now),
+            connected_since=n.connected_since,
+            last_batch_time=n.last_batch_time,
+            last_seen=n.last_seen,
+            remote=n.remote,
+            agent_version=h.agent_version if h else "",
+            domain=h.domain if h else "",
+            backend=h.backend if h else "",
+            interval_seconds=h.interval_seconds if h else 0.0,
+            gpus=h.gpus if h else (),
+            series_count=sum(len(g.series) for g in n.groups.values()),
+            batches_received=n.batches,
+            bytes_received=n.bytes,
+            duplicates=n.duplicates,
+            recent_errors=tuple(n.errors),
+            last_disconnect_reason=n.disconnect_reason,
+        )

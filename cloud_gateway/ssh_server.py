@@ -1,0 +1,269 @@
+"""The gateway's SSH server: authenticate agents by node certificate, carry their frames.
+
+asyncssh owns connections and channels; this module supplies the callbacks. A client is
+accepted only with an OpenSSH user certificate that :class:`CertificatePolicy` accepts
+(trusted user CA, valid now, exactly one principal equal to the login name, not revoked).
+The login name *is* the node name from then on. Every refusal is counted by reason and
+logged once per connection, with the node, key id and serial it was about.
+
+Each authenticated connection may open one session channel with the ``gpurelay``
+subsystem. Bytes are decoded into frames here and handed to a :class:`Session` supplied
+by the application (the ingest stage); its replies are written back. A frame that breaks
+the contract gets an ERROR frame back and the connection is closed; other nodes are not
+affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import asyncssh
+
+from asyncssh.public_key import SSHOpenSSHCertificate
+
+from cloud_gateway.auth_policy import check_user_certificate, describe
+from cloud_gateway.revocation import RevocationList, RevocationWatcher
+from edge_agent.wire import (
+    ErrorFrame,
+    Frame,
+    FrameDecoder,
+    FrameEncoder,
+    Goodbye,
+    Limits,
+    WireError,
+)
+
+log = logging.getLogger(__name__)
+
+SUBSYSTEM = "gpurelay"
+READ_CHUNK = 65536
+
+
+def node_log(node: str) -> logging.Logger:
+    """A child logger per node, so every line says which node it is about."""
+    return log.getChild(f"node.{node}")
+
+
+class Session(Protocol):
+    """One authenticated telemetry channel, as the ingest stage sees it."""
+
+    def handle(self, frame: Frame) -> Sequence[Frame]:
+        """Apply one frame; return frames to send back. Raise WireError to reject it."""
+
+    def closed(self, reason: str) -> None:
+        """The channel is gone (for whatever reason); called exactly once."""
+
+
+class SessionFactory(Protocol):
+    def open_session(self, node: str, remote: str, close: Callable[[str], None]) -> Session:
+        """``close(reason)`` lets the ingest stage drop this connection (a newer one won)."""
+
+
+@dataclass
+class CertificatePolicy:
+    """Which user certificates the gateway accepts, and the count of refusals by reason."""
+
+    trusted_cas: Sequence[asyncssh.SSHKey]
+    revocations: RevocationWatcher | None = None
+    clock: Callable[[], float] = time.time
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def check(self, username: str, cert: SSHOpenSSHCertificate) -> str | None:
+        revoked = self.revocations.current() if self.revocations else RevocationList()
+        return check_user_certificate(
+            username, cert, trusted_cas=self.trusted_cas, revoked=revoked, now=self.clock()
+        )
+
+    def is_trusted_ca(self, key: asyncssh.SSHKey) -> bool:
+        blob = key.public_data
+        return any(ca.public_data == blob for ca in self.trusted_cas)
+
+
+class _ConnectionAuth(asyncssh.SSHServer):
+    """Per-connection auth callbacks; defaults refuse what they do not handle."""
+
+    def __init__(self, policy: CertificatePolicy) -> None:
+        self._policy = policy
+        self._conn: asyncssh.SSHServerConnection | None = None
+        self._username = ""
+        self._reason = ""
+        self._detail = ""
+        self._authenticated = False
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        # asyncssh validates certificates itself but does not say *why* one failed. Check
+        # first with our policy (which also knows revocations), then let asyncssh re-check.
+        original: Callable[[str, Any], Awaitable[Any]] = conn._validate_openssh_certificate
+
+        async def checked(username: str, cert: Any) -> Any:
+            reason = self._policy.check(username, cert)
+            if reason is not None:
+                self._refuse(username, reason, describe(reason, username, cert))
+                return None
+            return await original(username, cert)
+
+        conn._validate_openssh_certificate = checked  # type: ignore[method-assign]
+
+    def _refuse(self, username: str, reason: str, detail: str) -> None:
+        self._username, self._reason, self._detail = username, reason, detail
+
+    def begin_auth(self, username: str) -> bool:
+        self._username = username
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        self._refuse(username, "not_a_certificate", f"node {username!r} offered a plain key")
+        return False
+
+    def validate_ca_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        return self._policy.is_trusted_ca(key)
+
+    def auth_completed(self) -> None:
+        self._authenticated = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._authenticated and self._reason:
+            self._policy.failures[self._reason] += 1
+            peer = self._conn.get_extra_info("peername") if self._conn else None
+            log.warning(
+                "refused %s from %s: %s (%s)",
+                self._username or "?",
+                peer,
+                self._reason,
+                self._detail,
+            )
+
+
+class SshServer:
+    """Listens, authenticates, and runs one :class:`Session` per telemetry channel."""
+
+    def __init__(
+        self,
+        *,
+        host_keys: Sequence[tuple[asyncssh.SSHKey, asyncssh.SSHCertificate | None]],
+        policy: CertificatePolicy,
+        sessions: SessionFactory,
+        limits: Limits,
+        login_timeout: float = 30.0,
+    ) -> None:
+        self._host_keys = host_keys
+        self.policy = policy
+        self._sessions = sessions
+        self._limits = limits
+        self._login_timeout = login_timeout
+        self._server: asyncssh.SSHAcceptor | None = None
+        self._channels: set[_Channel] = set()
+        self.protocol_errors: Counter[str] = Counter()
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        keys: list[Any] = [(k, c) if c is not None else k for k, c in self._host_keys]
+        self._server = await asyncssh.listen(
+            host,
+            port,
+            server_host_keys=keys,
+            server_factory=lambda: _ConnectionAuth(self.policy),
+            process_factory=self._process,
+            encoding=None,
+            allow_scp=False,
+            agent_forwarding=False,
+            x11_forwarding=False,
+            login_timeout=self._login_timeout,
+            keepalive_interval=30,
+            keepalive_count_max=3,
+        )
+        self.port = self._server.get_port()
+        return self.port
+
+    async def _process(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        node = str(process.get_extra_info("username"))
+        peer = process.get_extra_info("peername")
+        remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if process.subsystem != SUBSYSTEM:
+            process.stderr.write(b"only the gpurelay subsystem is offered here\n")
+            process.exit(1)
+            return
+        channel = _Channel(self, process, node, remote)
+        self._channels.add(channel)
+        try:
+            await channel.run()
+        finally:
+            self._channels.discard(channel)
+
+    async def stop(self, drain_seconds: float) -> None:
+        """Stop accepting, tell every agent GOODBYE, give them ``drain_seconds``, close."""
+        if self._server is not None:
+            self._server.close()
+        for channel in list(self._channels):
+            channel.goodbye("gateway shutting down")
+        deadline = time.monotonic() + drain_seconds
+        while self._channels and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for channel in list(self._channels):
+            channel.close("gateway shut down")
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class _Channel:
+    def __init__(
+        self, server: SshServer, process: asyncssh.SSHServerProcess[bytes], node: str, remote: str
+    ) -> None:
+        self._server = server
+        self._process = process
+        self.node = node
+        self.remote = remote
+        self.log = node_log(node)
+        self._encoder = FrameEncoder(limits=server._limits)
+        self._conn: asyncssh.SSHServerConnection = process.get_extra_info("connection")
+        self._closing = ""
+
+    def _send(self, frame: Frame) -> None:
+        try:
+            self._process.stdout.write(self._encoder.encode(frame))
+        except (OSError, asyncssh.Error, BrokenPipeError):
+            pass  # the connection is going away; reading will notice
+
+    def goodbye(self, reason: str) -> None:
+        self._send(Goodbye(reason=reason))
+
+    def close(self, reason: str) -> None:
+        if not self._closing:
+            self._closing = reason
+            self.log.info("closing connection from %s: %s", self.remote, reason)
+        self._conn.close()
+
+    async def run(self) -> None:
+        session = self._server._sessions.open_session(self.node, self.remote, self.close)
+        decoder = FrameDecoder(limits=self._server._limits)
+        reason = "agent disconnected"
+        try:
+            while True:
+                data = await self._process.stdin.read(READ_CHUNK)
+                if not data:
+                    break
+                for frame in decoder.feed(data):
+                    for reply in session.handle(frame):
+                        self._send(reply)
+        except WireError as exc:
+            self._server.protocol_errors[exc.code] += 1
+            self.log.warning("protocol error from %s (%s): %s", self.remote, exc.code, exc)
+            self._send(ErrorFrame(code=exc.code, message=str(exc)))
+            reason = f"protocol error: {exc.code}"
+            await asyncio.sleep(0.05)  # let the ERROR frame leave before closing
+            self.close(reason)
+        except (asyncssh.Error, ConnectionError) as exc:
+            reason = f"connection lost: {exc}"
+        finally:
+            session.closed(self._closing or reason)
+            self._process.exit(0)

@@ -1,0 +1,149 @@
+"""The encode stage: snapshots to wire frames (pure, no I/O).
+
+Each series, keyed by (name, labels), gets a small integer id the first time it is seen;
+the id is declared once per connection (name, type, help, labels) and from then on a
+batch carries only ``id -> value`` for the values that changed. Ids are never reused:
+a series that vanishes is listed in ``removed`` and gets a fresh id if it comes back.
+
+After :meth:`SnapshotEncoder.reset` (a new connection) the next call re-declares every
+live series under the ids it already has and sends a full batch, so the gateway can
+replace whatever it knew about the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from edge_agent.model import Family, Labels, Snapshot
+from edge_agent.wire import Batch, Declare, Frame, Limits, SeriesDecl, WireError, check_series
+
+log = logging.getLogger(__name__)
+
+SeriesKey = tuple[str, Labels]
+
+_MAX_REMEMBERED_REJECTS = 1000
+_DEFAULT_LIMITS = Limits()
+
+
+def _same(a: float, b: float) -> bool:
+    """Bit-level sameness for change detection: NaN is NaN, -0.0 is not 0.0."""
+    if a == b:
+        return a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b)
+    return math.isnan(a) and math.isnan(b)
+
+
+class SnapshotEncoder:
+    """Turns each snapshot into ``[Declare]`` (when there are new series) + ``[Batch]``.
+
+    Series the gateway would refuse are left out rather than sent, so one bad series cannot
+    stop the stream: a bad name or label for good (logged once, kept in :attr:`rejected`),
+    series beyond ``Limits.max_series`` until there is room (counted in :attr:`over_limit`).
+    """
+
+    def __init__(self, *, first_seq: int = 1, limits: Limits = _DEFAULT_LIMITS) -> None:
+        self._limits = limits
+        self._seq = first_seq
+        self._next_id = 0
+        self._ids: dict[SeriesKey, int] = {}
+        self._decls: dict[int, SeriesDecl] = {}  # live series by id
+        self._last: dict[int, float] = {}  # the value last put in a batch, by id
+        self._fresh = True  # nothing declared on the current connection yet
+        self.rejected: dict[SeriesKey, str] = {}  # series left out for good, and why
+        self.over_limit = 0  # series left out of the last snapshot for Limits.max_series
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    def reset(self) -> None:
+        """A new connection: re-declare every live series and send a full batch next."""
+        self._fresh = True
+
+    def frames(self, snapshot: Snapshot) -> list[Frame]:
+        families = {f.name: f for f in snapshot.families}
+        self.over_limit = 0
+        current: dict[int, float] = {}
+        new: list[SeriesDecl] = []
+        for sample in snapshot.samples:
+            key = (sample.name, sample.labels)
+            sid = self._ids.get(key)
+            if sid is None:
+                sid = self._assign(key, families.get(sample.name), snapshot.node, new)
+                if sid is None:
+                    continue
+            current.setdefault(sid, sample.value)  # a repeated series: the first one wins
+        removed = [sid for sid in self._decls if sid not in current]
+        for sid in removed:
+            decl = self._decls.pop(sid)
+            del self._ids[(decl.name, decl.labels)]
+            self._last.pop(sid, None)
+        out: list[Frame] = []
+        if self._fresh:
+            declared = tuple(sorted(self._decls.values(), key=lambda d: d.id))
+            changed = sorted(current.items())
+            removed = []  # never declared on this connection: the full batch says enough
+        else:
+            declared = tuple(new)
+            changed = self._changed(current)
+        if declared:
+            out.append(Declare(series=declared))
+        out.append(
+            Batch(
+                seq=self._seq,
+                timestamp=snapshot.timestamp,
+                values=tuple(changed),
+                removed=tuple(sorted(removed)),
+                full=self._fresh,
+            )
+        )
+        self._last.update(changed)
+        self._seq += 1
+        self._fresh = False
+        return out
+
+    def _changed(self, current: dict[int, float]) -> list[tuple[int, float]]:
+        last = self._last
+        changed = []
+        for sid, value in current.items():
+            prev = last.get(sid)
+            if prev is None or not _same(prev, value):
+                changed.append((sid, value))
+        changed.sort()
+        return changed
+
+    def _assign(
+        self, key: SeriesKey, family: Family | None, node: str, new: list[SeriesDecl]
+    ) -> int | None:
+        """Give a first-seen series an id and a declaration; None if it must be left out."""
+        if key in self.rejected:
+            return None
+        name, labels = key
+        decl = SeriesDecl(
+            id=self._next_id,
+            name=name,
+            type=family.type if family else "gauge",
+            help=family.help if family else "",
+            labels=labels,
+        )
+        if len(self._decls) >= self._limits.max_series:
+            if not self.over_limit:
+                log.warning(
+                    "node %s has more than %d series; the rest are left out of the stream",
+                    node,
+                    self._limits.max_series,
+                )
+            self.over_limit += 1
+            return None
+        try:
+            check_series(decl, self._limits)
+        except WireError as exc:
+            if len(self.rejected) < _MAX_REMEMBERED_REJECTS:
+                self.rejected[key] = str(exc)
+            log.warning("node %s: series %s left out of the stream: %s", node, name, exc)
+            return None
+        self._next_id += 1
+        self._ids[key] = decl.id
+        self._decls[decl.id] = decl
+        new.append(decl)
+        return decl.id

@@ -1,0 +1,253 @@
+"""The tunnel: dial the gateway over SSH and push every collection on one channel.
+
+The agent is the SSH client. It verifies the gateway's host key against the configured
+known_hosts (an ``@cert-authority`` line for the fleet host CA, or a pinned key) and logs
+in as its node name with its node certificate. Telemetry rides one session channel
+(subsystem ``gpurelay``) as frames of :mod:`edge_agent.wire`.
+
+Reconnects use exponential backoff with full jitter (tenacity); after an established
+session ends (gateway restart, GOODBYE) the first reconnect is also delayed by a random
+share of ``backoff_initial_seconds`` x 10, so a thousand agents do not return in the same
+second. The local HTTP endpoints keep serving whatever happens here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import asyncssh
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+
+from edge_agent.config import GatewayConfig
+from edge_agent.encode import SnapshotEncoder
+from edge_agent.errors import AgentError
+from edge_agent.model import Snapshot
+from edge_agent.wire import (
+    Ack,
+    ErrorFrame,
+    FrameDecoder,
+    FrameEncoder,
+    Goodbye,
+    Hello,
+    WireError,
+)
+
+log = logging.getLogger(__name__)
+
+SUBSYSTEM = "gpurelay"
+READ_CHUNK = 65536
+
+
+class TunnelError(AgentError):
+    """The session with the gateway failed; the tunnel reconnects after a backoff."""
+
+
+class GatewayRefused(TunnelError):
+    """The gateway sent an ERROR frame: it will not take this agent's data as sent."""
+
+
+@dataclass
+class TunnelStats:
+    connected: bool = False
+    connects: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    batches_sent: int = 0
+    acked_seq: int = 0
+    last_error: str = ""
+    connected_since: float = 0.0
+
+    def fail(self, reason: str, message: str) -> None:
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+        self.last_error = message
+
+
+def load_client_key(cfg: GatewayConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCertificate]:
+    """Read the node key and certificate once, with errors that name the file."""
+    assert cfg.key is not None
+    cert_path = cfg.certificate_path
+    assert cert_path is not None
+    try:
+        key = asyncssh.read_private_key(str(cfg.key))
+    except (OSError, asyncssh.KeyImportError) as exc:
+        raise AgentError(f"node key {cfg.key} cannot be used: {exc}") from exc
+    try:
+        cert = asyncssh.read_certificate(str(cert_path))
+    except (OSError, asyncssh.KeyImportError) as exc:
+        raise AgentError(f"node certificate {cert_path} cannot be used: {exc}") from exc
+    return key, cert
+
+
+def load_known_hosts(cfg: GatewayConfig) -> asyncssh.SSHKnownHosts:
+    assert cfg.known_hosts is not None
+    try:
+        return asyncssh.read_known_hosts(str(cfg.known_hosts))
+    except (OSError, ValueError) as exc:
+        raise AgentError(f"gateway known_hosts {cfg.known_hosts} cannot be used: {exc}") from exc
+
+
+class Tunnel:
+    """Owns the connection to the gateway. ``submit`` never blocks the collection loop."""
+
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        *,
+        node: str,
+        hello: Callable[[], Hello],
+        encoder: SnapshotEncoder | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._node = node
+        self._hello = hello
+        self._key, self._cert = load_client_key(cfg)
+        self._known_hosts = load_known_hosts(cfg)
+        self._snapshots = encoder or SnapshotEncoder()
+        self._latest: Snapshot | None = None
+        self._wakeup = asyncio.Event()
+        self.stats = TunnelStats()
+        self.log = logging.LoggerAdapter(log, {"node": node})
+
+    def submit(self, snapshot: Snapshot) -> None:
+        """Hand over the newest collection; an older one not yet sent is superseded."""
+        self._latest = snapshot
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """Connect, push, reconnect; until cancelled."""
+        host, port = self._cfg.host_port
+        while True:
+            retrying = AsyncRetrying(
+                wait=wait_random_exponential(
+                    multiplier=self._cfg.backoff_initial_seconds,
+                    max=self._cfg.backoff_max_seconds,
+                ),
+                retry=retry_if_exception_type((TunnelError, OSError, asyncssh.Error)),
+                before_sleep=self._before_sleep,
+                reraise=True,
+            )
+            await retrying(self._session, host, port)
+            # An established session ended (gateway gone or restarting): spread the herd.
+            delay = random.uniform(0, 10 * self._cfg.backoff_initial_seconds)
+            self.log.info("reconnecting to %s:%d in %.1fs", host, port, delay)
+            await asyncio.sleep(delay)
+
+    def _before_sleep(self, state: object) -> None:
+        outcome = getattr(state, "outcome", None)
+        exc = outcome.exception() if outcome is not None else None
+        sleep = getattr(getattr(state, "next_action", None), "sleep", 0.0)
+        self.log.warning("gateway connection failed: %s; retrying in %.1fs", exc, sleep)
+
+    async def _session(self, host: str, port: int) -> None:
+        """One connection. Returns after an established session ends; raises before that."""
+        try:
+            conn = await asyncio.wait_for(
+                asyncssh.connect(
+                    host,
+                    port,
+                    username=self._node,
+                    client_keys=[(self._key, self._cert)],
+                    known_hosts=self._known_hosts,
+                    agent_path=None,
+                    config=None,
+                    keepalive_interval=self._cfg.keepalive_seconds,
+                    keepalive_count_max=3,
+                ),
+                timeout=self._cfg.connect_timeout_seconds,
+            )
+        except asyncssh.PermissionDenied as exc:
+            self.stats.fail("auth", str(exc))
+            raise TunnelError(
+                f"the gateway refused node {self._node}'s certificate ({exc.reason}); "
+                "check that it is signed by the fleet user CA, not expired and not revoked"
+            ) from exc
+        except asyncssh.HostKeyNotVerifiable as exc:
+            self.stats.fail("host_key", str(exc))
+            raise TunnelError(
+                f"the gateway's host key is not trusted by {self._cfg.known_hosts}: {exc.reason}"
+            ) from exc
+        except (OSError, TimeoutError, asyncssh.Error) as exc:
+            self.stats.fail("connect", str(exc))
+            raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc
+        async with conn:
+            try:
+                writer, reader, _stderr = await conn.open_session(
+                    subsystem=SUBSYSTEM, encoding=None
+                )
+            except asyncssh.Error as exc:
+                self.stats.fail("channel", str(exc))
+                raise TunnelError(f"gateway refused the telemetry channel: {exc}") from exc
+            self.stats.connected = True
+            self.stats.connects += 1
+            self.stats.connected_since = time.time()
+            self.log.info("connected to gateway %s:%d as %s", host, port, self._node)
+            try:
+                await self._exchange(writer, reader)
+            finally:
+                self.stats.connected = False
+
+    async def _exchange(
+        self, writer: asyncssh.SSHWriter[bytes], reader: asyncssh.SSHReader[bytes]
+    ) -> None:
+        frames = FrameEncoder()
+        self._snapshots.reset()
+        self._write(writer, frames.encode(self._hello()))
+        receiver = asyncio.create_task(self._receive(reader))
+        sender = asyncio.create_task(self._send_loop(writer, frames))
+        try:
+            done, _ = await asyncio.wait({receiver, sender}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises GatewayRefused / TunnelError where applicable
+        finally:
+            for task in (receiver, sender):
+                task.cancel()
+            await asyncio.gather(receiver, sender, return_exceptions=True)
+            writer.close()
+
+    async def _send_loop(self, writer: asyncssh.SSHWriter[bytes], frames: FrameEncoder) -> None:
+        if self._latest is not None:
+            self._wakeup.set()  # send the newest collection right after (re)connecting
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            snapshot = self._latest
+            if snapshot is None:
+                continue
+            for frame in self._snapshots.frames(snapshot):
+                self._write(writer, frames.encode(frame))
+            self.stats.batches_sent += 1
+            await writer.drain()
+
+    def _write(self, writer: asyncssh.SSHWriter[bytes], data: bytes) -> None:
+        writer.write(data)
+        self.stats.frames_sent += 1
+        self.stats.bytes_sent += len(data)
+
+    async def _receive(self, reader: asyncssh.SSHReader[bytes]) -> None:
+        decoder = FrameDecoder()
+        while True:
+            data = await reader.read(READ_CHUNK)
+            if not data:
+                self.log.warning("gateway closed the telemetry channel")
+                return
+            try:
+                incoming = decoder.feed(data)
+            except WireError as exc:
+                self.stats.fail("protocol", str(exc))
+                raise TunnelError(f"gateway sent an invalid frame: {exc}") from exc
+            for frame in incoming:
+                if isinstance(frame, Ack):
+                    self.stats.acked_seq = max(self.stats.acked_seq, frame.seq)
+                elif isinstance(frame, Goodbye):
+                    self.log.info("gateway is going away: %s", frame.reason)
+                    return
+                elif isinstance(frame, ErrorFrame):
+                    self.stats.fail(f"refused_{frame.code}", frame.message)
+                    self.log.error("gateway refused our data (%s): %s", frame.code, frame.message)
+                    raise GatewayRefused(f"{frame.code}: {frame.message}")

@@ -1,0 +1,250 @@
+"""The gateway's unified /metrics: cached family-major blocks, OpenMetrics, promtool, BIE."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from cloud_gateway.exposition import NODE_LAST_SEEN, NODE_UP, Exposition, bie_document
+from cloud_gateway.registry import Registry, RegistryConfig, stamp_node
+from edge_agent.exposition import format_labels, format_value, openmetrics_header, text_header
+from edge_agent.model import Family, Sample, Snapshot
+from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+from tests.agent_support import make_pipeline
+
+T0 = 1_790_000_000.0
+MIB = 1024 * 1024
+
+# Copied from tests/integration/test_agent_http.py: promtool's findings that *are* the
+# compatibility contract (dcgm/ACK camelCase labels, dcgm counters without _total).
+INHERENT = re.compile(
+    r"^(DCGM_\w+) (label names should be written in 'snake_case' not 'camelCase'"
+    r'|counter metrics should have "_total" suffix)$'
+    r"|^DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'$"
+)
+
+ODD = Family(name="odd_labels", type="gauge", help='back\\slash and\nnewline "quoted"')
+ODD_SAMPLE = Sample("odd_labels", (("v", 'q"uo\\te\nnl ünï'), ("Hostname", "liar")), 0.25)
+OWN = (
+    Family(name="gpurelay_gateway_batches_total", type="counter", help="Batches applied."),
+    [Sample("gpurelay_gateway_batches_total", (), 42.0)],
+)
+
+
+def snapshot(tmp: Path, *, gpus: int, seed: int, mig: bool = False) -> Snapshot:
+    pipeline, _sim, _clock = make_pipeline(tmp, gpus=gpus, seed=seed, mig=mig)
+    try:
+        return pipeline.collection.collect()
+    finally:
+        pipeline.close()
+
+
+class Agent:
+    """Feeds a snapshot into the registry as an agent's frames would (ids in sample order)."""
+
+    def __init__(self, reg: Registry, node: str, snap: Snapshot, now: float = T0) -> None:
+        self.reg, self.node, self.snap, self.seq = reg, node, snap, 0
+        hello = Hello(agent_version="0.1.0", node=node, gpus=snap.gpus)
+        self.conn = reg.connect(node, remote="10.1.1.1:40000", hello=hello, now=now).conn_id
+        fams = {f.name: f for f in snap.families}
+        series = tuple(
+            SeriesDecl(
+                id=i, name=s.name, type=fams[s.name].type, help=fams[s.name].help, labels=s.labels
+            )
+            for i, s in enumerate(snap.samples)
+        )
+        assert reg.declare(node, self.conn, Declare(series=series)).rejected == ()
+        self.send(list(enumerate(s.value for s in snap.samples)), now=now, full=True)
+
+    def send(self, values: list[tuple[int, float]], *, now: float, full: bool = False) -> None:
+        self.seq += 1
+        b = Batch(seq=self.seq, timestamp=now, values=tuple(values), full=full)
+        self.reg.apply(self.node, self.conn, b, now=now, size_bytes=100)
+
+
+def reference(
+    nodes: dict[str, Snapshot], live: dict[str, tuple[int, float]], *, openmetrics: bool
+) -> bytes:
+    """The body rendered the obvious way: every sample formatted from scratch."""
+    header = openmetrics_header if openmetrics else text_header
+    families = {f.name: f for snap in nodes.values() for f in snap.families}
+    out = []
+    for name in sorted(families):
+        samples = [
+            Sample(s.name, stamp_node(s.labels, node), s.value)
+            for node in sorted(nodes)
+            for s in nodes[node].samples
+            if s.name == name
+        ]
+        if samples:
+            out.append(header(name, families[name]))
+            out += [f"{s.name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples]
+    for fam, col in ((NODE_UP, 0), (NODE_LAST_SEEN, 1)):
+        out.append(header(fam.name, fam))
+        out += [
+            f'{fam.name}{{Hostname="{n}"}} {format_value(float(live[n][col]))}\n'
+            for n in sorted(live)
+        ]
+    out.append(header(OWN[0].name, OWN[0]) + "gpurelay_gateway_batches_total 42\n")
+    return ("".join(out) + ("# EOF\n" if openmetrics else "")).encode()
+
+
+@dataclass
+class Fleet:
+    reg: Registry
+    expo: Exposition
+    snaps: dict[str, Snapshot]
+    agents: dict[str, Agent]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Fleet:
+    snaps = {
+        "edge-b": snapshot(tmp_path / "b", gpus=2, seed=3, mig=True),
+        "edge-a": snapshot(tmp_path / "a", gpus=1, seed=5),
+        "edge-c": snapshot(tmp_path / "c", gpus=3, seed=9),
+    }
+    a = snaps["edge-a"]
+    snaps["edge-a"] = Snapshot(
+        node="edge-a",
+        timestamp=a.timestamp,
+        families=(*a.families, ODD),
+        samples=(*a.samples, ODD_SAMPLE),
+        gpus=a.gpus,
+    )
+    reg = Registry()
+    agents = {node: Agent(reg, node, snap) for node, snap in snaps.items()}
+    expo = Exposition(reg)
+    expo.set_extra([OWN])
+    return Fleet(reg, expo, snaps, agents)
+
+
+def test_body_is_family_major_and_matches_a_naive_rendering(
+    fleet: Fleet,
+) -> None:
+    expo, snaps = fleet.expo, fleet.snaps
+    live = {n: (1, T0) for n in snaps}
+    assert expo.body(openmetrics=False, gzip=False) == reference(snaps, live, openmetrics=False)
+    assert expo.body(openmetrics=True, gzip=False) == reference(snaps, live, openmetrics=True)
+    body = expo.body(openmetrics=False, gzip=False).decode()
+    assert 'Hostname="liar"' not in body and 'v="q\\"uo\\\\te\\nnl ünï",Hostname="edge-a"' in body
+    types = re.findall(r"^# TYPE (\S+)", body, re.M)
+    assert len(types) == len(set(types))  # every family in one group
+
+
+def test_body_is_shared_until_something_changes(
+    fleet: Fleet,
+) -> None:
+    reg, expo = fleet.reg, fleet.expo
+    text = expo.body(openmetrics=False, gzip=False)
+    packed = expo.body(openmetrics=False, gzip=True)
+    built = expo.bodies_built
+    for _ in range(3):  # more scrapers cost nothing
+        assert expo.body(openmetrics=False, gzip=False) is text
+        assert expo.body(openmetrics=False, gzip=True) is packed
+    assert expo.bodies_built == built and gzip.decompress(packed) == text
+    expo.set_extra([OWN])  # same content: still the same body
+    assert expo.body(openmetrics=False, gzip=False) is text
+    reg.connect("edge-z", remote="r", hello=Hello(agent_version="1", node="edge-z"), now=T0 + 1)
+    after = expo.body(openmetrics=False, gzip=False)
+    assert after is not text and b'gpurelay_node_up{Hostname="edge-z"} 1\n' in after
+
+
+def test_a_batch_rerenders_only_the_blocks_it_touched(
+    fleet: Fleet,
+) -> None:
+    reg, expo, snaps = fleet.reg, fleet.expo, fleet.snaps
+    before = expo.body(openmetrics=False, gzip=False)
+    blocks = {(f.name, n): reg.block(n, f.name) for n in snaps for f in snaps[n].families}
+    rendered = reg.blocks_rendered
+    util = next(
+        i for i, s in enumerate(snaps["edge-b"].samples) if s.name == "DCGM_FI_DEV_GPU_UTIL"
+    )
+    fleet.agents["edge-b"].send([(util, 99.0)], now=T0 + 10)
+    assert reg.block("edge-b", "DCGM_FI_DEV_GPU_UTIL") is None  # dirty until the next body
+    after = expo.body(openmetrics=False, gzip=False)
+    assert reg.blocks_rendered == rendered + 1
+    for key, block in blocks.items():
+        if key == ("DCGM_FI_DEV_GPU_UTIL", "edge-b"):
+            assert reg.block(key[1], key[0]) != block
+        else:
+            assert reg.block(key[1], key[0]) is block
+    assert after != before and b"DCGM_FI_DEV_GPU_UTIL{" in after
+
+
+def test_promtool_finds_nothing_but_the_compatible_names(fleet: Fleet, promtool: Path) -> None:
+    expo = fleet.expo
+    packed = expo.body(openmetrics=False, gzip=True)
+    for body in (expo.body(openmetrics=False, gzip=False), gzip.decompress(packed)):
+        proc = subprocess.run(
+            [str(promtool), "check", "metrics"],
+            input=body,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        out = (proc.stdout + proc.stderr).decode().strip().splitlines()
+        assert proc.returncode in (0, 3), out  # 1 would be a parse error
+        assert [line for line in out if not INHERENT.match(line)] == []
+
+
+def test_openmetrics_parses_and_keeps_the_dcgm_names(
+    fleet: Fleet,
+) -> None:
+    expo = fleet.expo
+    body = expo.body(openmetrics=True, gzip=False).decode()
+    parsed = text_string_to_metric_families(body)  # type: ignore[no-untyped-call]
+    fams = {f.name: f for f in parsed}
+    energy = fams["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    assert energy.type == "unknown"
+    assert {s.name for s in energy.samples} == {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"}
+    assert fams["gpurelay_agent_collections"].type == "counter"
+    assert fams["gpurelay_gateway_batches"].samples[0].value == 42
+    up = {s.labels["Hostname"]: s.value for s in fams["gpurelay_node_up"].samples}
+    assert up == {"edge-a": 1, "edge-b": 1, "edge-c": 1}
+    procs = fams["DCGM_CUSTOM_PROCESS_SM_UTIL"].samples
+    assert {s.labels["NodeName"] for s in procs} == {"edge-a", "edge-b", "edge-c"}
+
+
+def test_an_expired_node_keeps_up_and_last_seen(tmp_path: Path) -> None:
+    reg = Registry(RegistryConfig(offline_grace=60))
+    agent = Agent(reg, "edge-a", snapshot(tmp_path, gpus=1, seed=1))
+    expo = Exposition(reg)
+    reg.disconnect("edge-a", agent.conn, now=T0 + 5, reason="eof")
+    assert b"DCGM_FI_DEV_GPU_UTIL{" in expo.body(openmetrics=False, gzip=False)
+    reg.expire(T0 + 66)
+    body = expo.body(openmetrics=False, gzip=False).decode()
+    assert body == (
+        f"# HELP gpurelay_node_up {NODE_UP.help}\n# TYPE gpurelay_node_up gauge\n"
+        'gpurelay_node_up{Hostname="edge-a"} 0\n'
+        f"# HELP {NODE_LAST_SEEN.name} {NODE_LAST_SEEN.help}\n# TYPE {NODE_LAST_SEEN.name} gauge\n"
+        f'{NODE_LAST_SEEN.name}{{Hostname="edge-a"}} {format_value(T0)}\n'
+    )
+
+
+def test_bie_document_uses_the_latest_fb_values_of_online_nodes(tmp_path: Path) -> None:
+    reg = Registry()
+    snap = snapshot(tmp_path / "b", gpus=2, seed=3, mig=True)
+    agent = Agent(reg, "edge-b", snap)
+    Agent(reg, "edge-stale", snapshot(tmp_path / "s", gpus=1, seed=4), now=T0 - 100)
+    fb = [
+        (i, s)
+        for i, s in enumerate(snap.samples)
+        if s.name == "DCGM_FI_DEV_FB_USED" and not dict(s.labels).get("GPU_I_ID")
+    ]
+    assert len(fb) == 2  # one per physical GPU; MIG instances have their own series
+    agent.send([(fb[0][0], 1000.0)], now=T0 + 1)
+    doc = bie_document(reg, T0 + 2)
+    assert list(doc) == ["edge-b"]  # edge-stale has been silent for > 3 intervals
+    devices = doc["edge-b"]["devices"]
+    assert doc["edge-b"]["deviceNum"] == 2
+    assert devices[0]["usedMemory"] == 1000 * MIB
+    assert devices[1]["usedMemory"] == round(fb[1][1].value * MIB)
+    assert [d["totalMemory"] for d in devices] == [g.memory_total_bytes for g in snap.gpus]
+    assert doc["edge-b"]["usedMemory"] == sum(d["usedMemory"] for d in devices)

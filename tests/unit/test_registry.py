@@ -1,0 +1,238 @@
+"""The node registry: stamping, connections, duplicates, states, expiry (no I/O, time injected)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud_gateway.registry import (
+    Connected,
+    Registry,
+    RegistryConfig,
+    StaleConnection,
+    stamp_node,
+)
+from edge_agent.model import GpuInventory, Labels, MetricType
+from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+
+T0 = 1_790_000_000.0
+
+GPU = GpuInventory(
+    index=0,
+    uuid="GPU-0",
+    name="NVIDIA H100 80GB HBM3",
+    pci_bus_id="00000000:1B:00.0",
+    minor=0,
+    memory_total_bytes=80 * 1024**3,
+    memory_used_bytes=1024**3,
+)
+
+
+def hello(node: str, interval: float = 10.0) -> Hello:
+    return Hello(agent_version="0.1.0", node=node, interval_seconds=interval, gpus=(GPU,))
+
+
+def decl(sid: int, name: str, labels: Labels, type_: MetricType = "gauge") -> SeriesDecl:
+    return SeriesDecl(id=sid, name=name, type=type_, help=f"help of {name}", labels=labels)
+
+
+def device_series(claimed_host: str) -> Declare:
+    """What an agent declares: a device series, an ACK series and an unlabelled one."""
+    return Declare(
+        series=(
+            decl(0, "DCGM_FI_DEV_GPU_UTIL", (("gpu", "0"), ("Hostname", claimed_host))),
+            decl(1, "DCGM_CUSTOM_PROCESS_SM_UTIL", (("NodeName", claimed_host), ("PodName", "p"))),
+            decl(2, "gpurelay_agent_collections_total", (), "counter"),
+        )
+    )
+
+
+def batch(seq: int, *values: tuple[int, float], full: bool = False) -> Batch:
+    return Batch(seq=seq, timestamp=T0, values=values, full=full)
+
+
+def online(reg: Registry, node: str, now: float = T0) -> Connected:
+    conn = reg.connect(node, remote="10.0.0.1:50000", hello=hello(node), now=now)
+    assert reg.declare(node, conn.conn_id, device_series(node)).rejected == ()
+    reg.apply(node, conn.conn_id, batch(1, (0, 50.0), (1, 7.0), (2, 3.0)), now=now, size_bytes=100)
+    return conn
+
+
+def lines(reg: Registry) -> list[str]:
+    return [
+        line
+        for _, blocks in reg.family_blocks()
+        for b in blocks
+        for line in b.decode().splitlines()
+    ]
+
+
+def test_stamp_node_sets_the_authenticated_name() -> None:
+    assert stamp_node((("gpu", "0"), ("Hostname", "x")), "n") == (("gpu", "0"), ("Hostname", "n"))
+    assert stamp_node((("NodeName", "x"), ("Hostname", "y")), "n") == (
+        ("NodeName", "n"),
+        ("Hostname", "n"),
+    )
+    assert stamp_node((("gpu", "0"),), "n") == (("gpu", "0"), ("Hostname", "n"))
+
+
+def test_agent_claiming_another_node_is_stamped_with_its_own() -> None:
+    reg = Registry()
+    conn = reg.connect("edge-a", remote="r", hello=hello("victim"), now=T0)
+    reg.declare("edge-a", conn.conn_id, device_series("victim"))
+    reg.apply("edge-a", conn.conn_id, batch(1, (0, 50.0), (1, 7.0), (2, 3.0)), now=T0, size_bytes=1)
+    assert sorted(lines(reg)) == [
+        'DCGM_CUSTOM_PROCESS_SM_UTIL{NodeName="edge-a",PodName="p"} 7',
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="edge-a"} 50',
+        'gpurelay_agent_collections_total{Hostname="edge-a"} 3',
+    ]
+    assert "victim" not in "".join(lines(reg))
+
+
+def test_newer_connection_wins_and_the_old_one_is_ignored() -> None:
+    reg = Registry()
+    first = online(reg, "n")
+    second = reg.connect("n", remote="10.0.0.2:1", hello=hello("n"), now=T0 + 5)
+    assert second.replaced == first.conn_id and second.conn_id != first.conn_id
+    with pytest.raises(StaleConnection):
+        reg.apply("n", first.conn_id, batch(2, (0, 1.0)), now=T0 + 6, size_bytes=1)
+    reg.disconnect("n", first.conn_id, now=T0 + 6, reason="replaced")  # late close of the old one
+    view = reg.node("n", now=T0 + 6)
+    assert view is not None and view.state == "online" and view.remote == "10.0.0.2:1"
+    assert reg.liveness()[0].up
+    reg.disconnect("n", second.conn_id, now=T0 + 7, reason="eof")
+    view = reg.node("n", now=T0 + 7)
+    assert view is not None and view.state == "offline" and view.last_disconnect_reason == "eof"
+
+
+def test_duplicate_batches_never_overwrite_newer_values_even_after_reconnect() -> None:
+    reg = Registry()
+    conn = online(reg, "n")
+    assert not reg.apply("n", conn.conn_id, batch(5, (0, 60.0)), now=T0, size_bytes=1).duplicate
+    dup = reg.apply("n", conn.conn_id, batch(4, (0, 99.0)), now=T0, size_bytes=1)
+    assert dup.duplicate and dup.seq == 4
+    again = reg.connect("n", remote="r", hello=hello("n"), now=T0 + 1)
+    reg.declare("n", again.conn_id, device_series("n"))
+    assert reg.apply("n", again.conn_id, batch(5, (0, 99.0)), now=T0 + 1, size_bytes=1).duplicate
+    assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 60' in lines(reg)
+    view = reg.node("n", now=T0 + 1)
+    assert view is not None and view.duplicates == 2 and view.batches_received == 4
+
+
+def test_states_follow_the_agent_interval() -> None:
+    reg = Registry(RegistryConfig(stale_after_intervals=3))
+    conn = reg.connect("n", remote="r", hello=hello("n", interval=10), now=T0)
+    assert reg.states(T0 + 29) == {"n": "online"}  # no batch yet: counted from the connect
+    assert reg.states(T0 + 31) == {"n": "stale"}
+    reg.declare("n", conn.conn_id, device_series("n"))
+    reg.apply("n", conn.conn_id, batch(1, (0, 1.0)), now=T0 + 40, size_bytes=1)
+    assert reg.states(T0 + 69) == {"n": "online"}
+    assert reg.states(T0 + 71) == {"n": "stale"}
+    assert [v.name for v in reg.nodes(T0 + 71, state="stale")] == ["n"]
+    assert reg.liveness()[0].up  # stale still counts as up
+    reg.disconnect("n", conn.conn_id, now=T0 + 72, reason="keepalive timeout")
+    assert reg.states(T0 + 72) == {"n": "offline"}
+    assert not reg.liveness()[0].up
+
+
+def test_expire_drops_series_after_the_grace_but_keeps_the_node() -> None:
+    reg = Registry(RegistryConfig(offline_grace=300))
+    conn = online(reg, "n")
+    reg.disconnect("n", conn.conn_id, now=T0 + 10, reason="eof")
+    assert reg.expire(T0 + 300) == [] and len(lines(reg)) == 3
+    assert reg.expire(T0 + 311) == ["n"]
+    assert lines(reg) == [] and reg.family_blocks() == []
+    view = reg.node("n", now=T0 + 311)
+    assert view is not None and view.series_count == 0 and view.state == "offline"
+    assert reg.liveness()[0] == ("n", False, T0)
+
+
+def test_reconnect_keeps_values_until_a_full_batch_drops_the_unlisted() -> None:
+    reg = Registry()
+    online(reg, "n")
+    conn = reg.connect("n", remote="r", hello=hello("n"), now=T0 + 1)
+    # ids are per connection: the same series may come back under other ids
+    reg.declare(
+        "n", conn.conn_id, Declare(series=(decl(7, "DCGM_FI_DEV_GPU_UTIL", (("gpu", "0"),)),))
+    )
+    assert len(lines(reg)) == 3  # nothing vanished while the agent re-declared
+    reg.apply("n", conn.conn_id, batch(2, (7, 51.0), full=True), now=T0 + 1, size_bytes=1)
+    assert lines(reg) == ['DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 51']
+
+
+def test_removed_series_leave_their_block() -> None:
+    reg = Registry()
+    conn = online(reg, "n")
+    res = reg.apply(
+        "n", conn.conn_id, Batch(seq=2, timestamp=T0, values=(), removed=(1,)), now=T0, size_bytes=1
+    )
+    assert res.removed == 1
+    assert not any(line.startswith("DCGM_CUSTOM") for line in lines(reg))
+
+
+def test_declare_rejects_with_clear_reasons() -> None:
+    reg = Registry(RegistryConfig(max_series_per_node=5))
+    online(reg, "a")
+    conn = reg.connect("b", remote="r", hello=hello("b"), now=T0)
+    res = reg.declare(
+        "b",
+        conn.conn_id,
+        Declare(
+            series=(
+                decl(0, "DCGM_FI_DEV_GPU_UTIL", (), "counter"),  # a gauge on node a
+                decl(1, "bad-name", ()),
+                decl(2, "gpurelay_node_up", ()),
+                decl(3, "x", (("__name__", "y"),)),
+                decl(4, "x", (("a", "1"), ("a", "2"))),
+                decl(5, "ok", ()),
+                decl(5, "ok2", ()),
+                decl(6, "ok", (("Hostname", "other"),)),  # the same series after stamping
+            )
+        ),
+    )
+    reasons = {r.id: r.reason for r in res.rejected}
+    assert res.accepted == 1 and set(reasons) == {0, 1, 2, 3, 4, 5, 6}
+    assert "DCGM_FI_DEV_GPU_UTIL is a gauge (first declared by node 'a')" in reasons[0]
+    assert "reserved" in reasons[2] and "already declared" in reasons[5]
+    assert "same name and labels" in reasons[6]
+    # values for refused ids are dropped quietly; ids never declared are counted
+    applied = reg.apply(
+        "b", conn.conn_id, batch(1, (0, 1.0), (5, 2.0), (99, 3.0)), now=T0, size_bytes=1
+    )
+    assert applied.changed == 1 and applied.unknown == 1
+    more = reg.declare(
+        "b", conn.conn_id, Declare(series=tuple(decl(10 + i, f"m{i}", ()) for i in range(5)))
+    )
+    assert more.accepted == 4 and "limit" in more.rejected[0].reason
+
+
+def test_family_is_forgotten_when_its_last_series_goes() -> None:
+    reg = Registry(RegistryConfig(offline_grace=0))
+    conn = online(reg, "a")
+    reg.disconnect("a", conn.conn_id, now=T0, reason="eof")
+    reg.expire(T0 + 1)
+    b = reg.connect("b", remote="r", hello=hello("b"), now=T0 + 1)
+    res = reg.declare(
+        "b", b.conn_id, Declare(series=(decl(0, "DCGM_FI_DEV_GPU_UTIL", (), "counter"),))
+    )
+    assert res.rejected == ()
+
+
+def test_recent_errors_are_bounded_and_latest_tracks_fb_values() -> None:
+    reg = Registry(RegistryConfig(recent_errors=3))
+    for i in range(5):
+        reg.record_error("n", f"error {i}", T0 + i)
+    view = reg.node("n", now=T0)
+    assert view is not None and [e.message for e in view.recent_errors] == [
+        "error 2",
+        "error 3",
+        "error 4",
+    ]
+    conn = reg.connect("n", remote="r", hello=hello("n"), now=T0)
+    reg.declare(
+        "n", conn.conn_id, Declare(series=(decl(0, "DCGM_FI_DEV_FB_USED", (("UUID", "GPU-0"),)),))
+    )
+    assert reg.latest("n", "DCGM_FI_DEV_FB_USED") == []  # no value yet
+    reg.apply("n", conn.conn_id, batch(1, (0, 1024.0)), now=T0, size_bytes=1)
+    assert reg.latest("n", "DCGM_FI_DEV_FB_USED") == [
+        ((("UUID", "GPU-0"), ("Hostname", "n")), 1024.0)
+    ]
