@@ -1,25 +1,55 @@
-"""``cloud-gateway``: not built yet. It says so and exits non-zero rather than pretend."""
+"""``cloud-gateway run|nodes|certs``: argument parsing and one-line errors."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
 import sys
+from pathlib import Path
 
-NOT_BUILT = (
-    "cloud-gateway: the cloud gateway (SSH tunnel server, node registry, unified /metrics, "
-    "operator API) is not part of this release yet; only the edge agent is. "
-    "Scrape an agent directly at http://<node>:9400/metrics in the meantime."
-)
+from cloud_gateway import __version__
+from cloud_gateway.cli_certs import add_certs_parser, run_certs
+from cloud_gateway.errors import GatewayConfigError, GatewayError
+from cloud_gateway.nodes_cli import add_nodes_parser, run_nodes
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cloud-gateway", description="edge-gpu-relay cloud gateway")
+    p.add_argument("--version", action="version", version=f"cloud-gateway {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the gateway (SSH :2222, HTTP :9410)")
+    run.add_argument("--config", type=Path, help="TOML config file")
+    add_nodes_parser(sub)
+    add_certs_parser(sub)
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    from cloud_gateway.app import serve
+    from cloud_gateway.config import load
+
+    cfg = load(args.config)
+    logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    asyncio.run(serve(cfg))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in ("--version", "-V"):
-        from cloud_gateway import __version__
-
-        print(f"cloud-gateway {__version__} (not built yet)")
-        return 0
-    print(NOT_BUILT, file=sys.stderr)
-    return 2
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "nodes":
+            return run_nodes(args)
+        return run_certs(args)
+    except GatewayError as exc:
+        print(f"cloud-gateway: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, GatewayConfigError) else 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

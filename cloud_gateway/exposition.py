@@ -14,10 +14,14 @@ OpenMetrics follows the agent's rule (:func:`edge_agent.exposition.openmetrics_h
 dcgm counters without ``_total`` keep their names and are typed ``unknown``.
 
 Call :meth:`Exposition.body` on the thread that mutates the registry (the event loop).
+Compressing a 1,000-node body takes a few hundred milliseconds, so an HTTP handler should
+use :meth:`Exposition.body_async`: it compresses in a worker thread (zlib releases the
+GIL) and concurrent scrapers of one generation share that single compression.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gzip as gzip_
 from collections.abc import Iterable, Sequence
@@ -66,6 +70,10 @@ def render_families(families: Iterable[FamilySamples], *, openmetrics: bool) -> 
     return b"".join(out)
 
 
+def _compress(plain: bytes, level: int) -> bytes:
+    return gzip_.compress(plain, compresslevel=level, mtime=0)
+
+
 class Exposition:
     """Shared, cached ``/metrics`` bodies over one :class:`Registry`."""
 
@@ -79,14 +87,16 @@ class Exposition:
         self._bodies: dict[tuple[bool, bool], bytes] = {}
         self._headers: dict[tuple[Family, bool], bytes] = {}
         self._node_lines: dict[str, tuple[bool, float | None, bytes, bytes]] = {}
+        self._compressing: dict[bool, tuple[tuple[int, int], asyncio.Future[bytes]]] = {}
 
     @property
     def generation(self) -> tuple[int, int]:
         return (self.registry.generation, self._extra_generation)
 
     def set_extra(self, families: Iterable[FamilySamples]) -> None:
-        """The gateway's own families, appended after the node data. Call it when they
-        change; the bodies are rebuilt only if the rendering differs."""
+        """The gateway's own families (``gpurelay_gateway_*``: agents may not declare that
+        prefix), appended after the node data. Call it when they change; the bodies are
+        rebuilt only if the rendering differs."""
         families = list(families)
         extra = (
             render_families(families, openmetrics=False),
@@ -105,13 +115,34 @@ class Exposition:
         body = self._bodies.get(key)
         if body is None:
             if gzip:
-                plain = self.body(openmetrics=openmetrics, gzip=False)
-                body = gzip_.compress(plain, compresslevel=self.gzip_level, mtime=0)
+                body = _compress(self.body(openmetrics=openmetrics, gzip=False), self.gzip_level)
             else:
                 body = b"".join(self._parts(openmetrics))
             self._bodies[key] = body
             self.bodies_built += 1
         return body
+
+    async def body_async(self, *, openmetrics: bool, gzip: bool) -> bytes:
+        """:meth:`body`, with the compression in a worker thread, shared by the scrapers
+        that ask while it runs. Call it on the event loop that mutates the registry."""
+        plain = self.body(openmetrics=openmetrics, gzip=False)
+        key = (openmetrics, True)
+        if not gzip or key in self._bodies:
+            return self._bodies[key] if gzip else plain
+        generation = self.generation
+        pending = self._compressing.get(openmetrics)
+        if pending is None or pending[0] != generation:
+            task = asyncio.ensure_future(asyncio.to_thread(_compress, plain, self.gzip_level))
+            pending = self._compressing[openmetrics] = (generation, task)
+            self.bodies_built += 1
+        try:
+            packed = await asyncio.shield(pending[1])
+        finally:
+            if pending[1].done() and self._compressing.get(openmetrics) is pending:
+                del self._compressing[openmetrics]
+        if self._generation == generation:
+            self._bodies[key] = packed
+        return packed
 
     def _parts(self, openmetrics: bool) -> list[bytes]:
         parts: list[bytes] = []

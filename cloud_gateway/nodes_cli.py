@@ -69,7 +69,7 @@ def fetch_nodes(args: argparse.Namespace) -> dict[str, Any]:
         raise NodesError(f"gateway said {response.status_code}: {_body(response)}")
     try:
         doc: dict[str, Any] = response.json()
-        doc["nodes"]  # noqa: B018 - shape check
+        doc["nodes"]
     except (ValueError, KeyError, TypeError) as exc:
         raise NodesError(f"{url} did not answer like an edge-gpu-relay gateway") from exc
     return doc

@@ -137,17 +137,19 @@ class _FamilyState:
 
 
 class _Group:
-    __slots__ = ("block", "fs", "node", "series")
+    """One (family, node) block: its live series and their lines, in the same order."""
 
-    def __init__(self, fs: _FamilyState, node: str) -> None:
+    __slots__ = ("block", "fs", "lines", "members")
+
+    def __init__(self, fs: _FamilyState) -> None:
         self.fs = fs
-        self.node = node
-        self.series: dict[_Series, None] = {}  # insertion-ordered set
+        self.members: list[_Series] = []
+        self.lines: list[bytes] = []  # lines[i] is members[i].line: a block is one join
         self.block: bytes | None = None
 
 
 class _Series:
-    __slots__ = ("conn", "cut", "fs", "group", "line", "sid", "value")
+    __slots__ = ("conn", "cut", "fs", "group", "line", "pos", "sid", "value")
 
     def __init__(self, fs: _FamilyState, prefix: bytes, conn: int, sid: int) -> None:
         self.fs = fs
@@ -155,6 +157,7 @@ class _Series:
         self.cut = len(prefix)
         self.value: float | None = None
         self.group: _Group | None = None  # set while the series has a value
+        self.pos = 0  # index in the group
         self.conn = conn
         self.sid = sid
 
@@ -191,6 +194,7 @@ class Registry:
         self._families: dict[str, _FamilyState] = {}
         self._family_order: list[_FamilyState] | None = None
         self._last_conn = 0
+        self._valid_label_names: set[tuple[str, ...]] = set()
 
     # --- connections ---------------------------------------------------------------
 
@@ -254,8 +258,13 @@ class Registry:
             if s.value == value:
                 continue
             s.value = value
-            s.line = s.line[: s.cut] + format_value(value).encode() + b"\n"
-            dirty.add(s.group or self._go_live(n, s))
+            s.line = line = s.line[: s.cut] + format_value(value).encode() + b"\n"
+            g = s.group
+            if g is None:
+                g = self._go_live(n, s)
+            else:
+                g.lines[s.pos] = line
+            dirty.add(g)
             changed += 1
         for g in dirty:
             g.block = g.fs.blocks = None
@@ -278,8 +287,7 @@ class Registry:
                 and now - n.disconnected_at > self.config.offline_grace
             )
             if gone and n.series:
-                for s in list(n.series):
-                    self._remove(n, s)
+                self._drop_all(n)
                 expired.append(n.name)
         if expired:
             self.generation += 1
@@ -342,6 +350,7 @@ class Registry:
         if n is None:
             n = self._nodes[name] = _Node(name, self.config.recent_errors)
             insort(self._names, name)
+            self.generation += 1  # a gpurelay_node_up line more
         return n
 
     def _current(self, node: str, conn_id: int) -> _Node:
@@ -392,12 +401,16 @@ class Registry:
             return f"metric name {sd.name} is reserved for the gateway"
         if sd.type not in ("gauge", "counter"):
             return f"unsupported type {sd.type!r}"
-        names = [k for k, _ in sd.labels]
+        names = tuple(k for k, _ in sd.labels)
+        if names in self._valid_label_names:  # most series share a few name lists
+            return None
         for k in names:
             if not _LABEL_NAME.match(k) or k.startswith("__"):
                 return f"invalid label name {k!r}"
         if len(set(names)) != len(names):
             return "a label name is repeated"
+        if len(self._valid_label_names) < 10_000:
+            self._valid_label_names.add(names)
         return None
 
     def _go_live(self, n: _Node, s: _Series) -> _Group:
@@ -405,24 +418,38 @@ class Registry:
         fs = s.fs
         g = n.groups.get(fs.family.name)
         if g is None:
-            g = n.groups[fs.family.name] = fs.groups[n.name] = _Group(fs, n.name)
+            g = n.groups[fs.family.name] = fs.groups[n.name] = _Group(fs)
             fs.ordered = None
-        g.series[s] = None
-        s.group = g
+        s.group, s.pos = g, len(g.members)
+        g.members.append(s)
+        g.lines.append(s.line)
         return g
 
     def _remove(self, n: _Node, s: _Series) -> None:
         fs, g = s.fs, s.group
         if g is not None:
-            del g.series[s]
+            del g.members[s.pos], g.lines[s.pos]
+            for later in g.members[s.pos :]:
+                later.pos -= 1
             g.block = fs.blocks = None
-            if not g.series:
+            if not g.members:
                 del n.groups[fs.family.name], fs.groups[n.name]
                 fs.ordered = None
         n.series.discard(s)
         n.tracked.pop(s, None)
         if s.conn == n.conn_id and n.ids.get(s.sid) is s:
             del n.ids[s.sid]
+        self._unref(fs)
+
+    def _drop_all(self, n: _Node) -> None:
+        for g in n.groups.values():
+            del g.fs.groups[n.name]
+            g.fs.ordered = g.fs.blocks = None
+        for s in n.series:
+            self._unref(s.fs)
+        n.groups, n.series, n.tracked, n.ids = {}, set(), {}, {}
+
+    def _unref(self, fs: _FamilyState) -> None:
         fs.refs -= 1
         if fs.refs == 0 and self._families.get(fs.family.name) is fs:
             del self._families[fs.family.name]
@@ -430,7 +457,7 @@ class Registry:
 
     def _render(self, g: _Group) -> bytes:
         if g.block is None:
-            g.block = b"".join([s.line for s in g.series])
+            g.block = b"".join(g.lines)
             self.blocks_rendered += 1
         return g.block
 
@@ -459,7 +486,7 @@ class Registry:
             backend=h.backend if h else "",
             interval_seconds=h.interval_seconds if h else 0.0,
             gpus=h.gpus if h else (),
-            series_count=sum(len(g.series) for g in n.groups.values()),
+            series_count=sum(len(g.members) for g in n.groups.values()),
             batches_received=n.batches,
             bytes_received=n.bytes,
             duplicates=n.duplicates,

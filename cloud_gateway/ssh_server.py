@@ -20,11 +20,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import asyncssh
-
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.auth_policy import check_user_certificate, describe
@@ -55,6 +55,9 @@ class Session(Protocol):
 
     def handle(self, frame: Frame) -> Sequence[Frame]:
         """Apply one frame; return frames to send back. Raise WireError to reject it."""
+
+    def received(self, nbytes: int) -> None:
+        """``nbytes`` more bytes arrived on the channel (for per-node accounting)."""
 
     def closed(self, reason: str) -> None:
         """The channel is gone (for whatever reason); called exactly once."""
@@ -95,9 +98,12 @@ class _ConnectionAuth(asyncssh.SSHServer):
         self._reason = ""
         self._detail = ""
         self._authenticated = False
+        self.certificate: SSHOpenSSHCertificate | None = None  # the accepted one
+        self._peer: tuple[str, int] | None = None
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
+        self._peer = conn.get_extra_info("peername")
         # asyncssh validates certificates itself but does not say *why* one failed. Check
         # first with our policy (which also knows revocations), then let asyncssh re-check.
         original: Callable[[str, Any], Awaitable[Any]] = conn._validate_openssh_certificate
@@ -107,7 +113,10 @@ class _ConnectionAuth(asyncssh.SSHServer):
             if reason is not None:
                 self._refuse(username, reason, describe(reason, username, cert))
                 return None
-            return await original(username, cert)
+            key = await original(username, cert)
+            if key is not None:
+                self.certificate = cert
+            return key
 
         conn._validate_openssh_certificate = checked  # type: ignore[method-assign]
 
@@ -122,7 +131,9 @@ class _ConnectionAuth(asyncssh.SSHServer):
         return True
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        self._refuse(username, "not_a_certificate", f"node {username!r} offered a plain key")
+        # asyncssh also lands here after a refused certificate: keep the better reason.
+        if not self._reason:
+            self._refuse(username, "not_a_certificate", f"node {username!r} offered a plain key")
         return False
 
     def validate_ca_key(self, username: str, key: asyncssh.SSHKey) -> bool:
@@ -200,6 +211,31 @@ class SshServer:
         finally:
             self._channels.discard(channel)
 
+    def revalidate(self) -> list[str]:
+        """Re-check every live connection's certificate (revoked or expired since it
+        connected) and close those that no longer pass; returns their node names."""
+        closed = []
+        for channel in list(self._channels):
+            auth = channel.auth
+            cert = auth.certificate if auth is not None else None
+            if cert is None:
+                continue
+            reason = self.policy.check(channel.node, cert)
+            if reason is not None:
+                self.policy.failures[reason] += 1
+                channel.log.warning(
+                    "certificate no longer accepted (%s): %s",
+                    reason,
+                    describe(reason, channel.node, cert),
+                )
+                channel.close(f"certificate {reason}")
+                closed.append(channel.node)
+        return closed
+
+    @property
+    def channels(self) -> int:
+        return len(self._channels)
+
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting, tell every agent GOODBYE, give them ``drain_seconds``, close."""
         if self._server is not None:
@@ -226,13 +262,13 @@ class _Channel:
         self.log = node_log(node)
         self._encoder = FrameEncoder(limits=server._limits)
         self._conn: asyncssh.SSHServerConnection = process.get_extra_info("connection")
+        owner = self._conn.get_owner()
+        self.auth = owner if isinstance(owner, _ConnectionAuth) else None
         self._closing = ""
 
     def _send(self, frame: Frame) -> None:
-        try:
+        with suppress(OSError, asyncssh.Error):  # going away; reading will notice
             self._process.stdout.write(self._encoder.encode(frame))
-        except (OSError, asyncssh.Error, BrokenPipeError):
-            pass  # the connection is going away; reading will notice
 
     def goodbye(self, reason: str) -> None:
         self._send(Goodbye(reason=reason))
@@ -252,6 +288,7 @@ class _Channel:
                 data = await self._process.stdin.read(READ_CHUNK)
                 if not data:
                     break
+                session.received(len(data))
                 for frame in decoder.feed(data):
                     for reply in session.handle(frame):
                         self._send(reply)

@@ -160,7 +160,7 @@ class Collection:
             sink.declare(fam)
         sink.add(
             "gpurelay_agent_info",
-            (("version", __version__), ("backend", self._backend), ("node", self._node)),
+            (("version", __version__), ("backend", self._backend), ("Hostname", self._node)),
             1.0,
         )
         for name, (ok, seconds) in self._status.items():

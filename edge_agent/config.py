@@ -129,7 +129,9 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("log_level must be one of debug, info, warning, error")
     gw = cfg.gateway
     if gw.address:
-        split_host_port(gw.address if ":" in gw.address else gw.address + ":2222", "gateway.address")
+        split_host_port(
+            gw.address if ":" in gw.address else gw.address + ":2222", "gateway.address"
+        )
         missing = [
             n
             for n, v in (("gateway.key", gw.key), ("gateway.known_hosts", gw.known_hosts))

@@ -33,8 +33,30 @@ def _same(a: float, b: float) -> bool:
     return math.isnan(a) and math.isnan(b)
 
 
+def _parts(series: tuple[SeriesDecl, ...], limits: Limits) -> list[tuple[SeriesDecl, ...]]:
+    """Split declarations so that no DECLARE frame can exceed ``limits.max_frame_bytes``.
+
+    A character takes at most 6 bytes in the frame's JSON (``\\u001f``), so parts of at
+    most an eighth of the limit in characters always fit. One part in the common case.
+    """
+    budget = limits.max_frame_bytes // 8
+    parts: list[tuple[SeriesDecl, ...]] = []
+    start = size = 0
+    for i, d in enumerate(series):
+        cost = 64 + len(d.name) + len(d.help) + sum(len(k) + len(v) + 8 for k, v in d.labels)
+        if size + cost > budget and i > start:
+            parts.append(series[start:i])
+            start, size = i, 0
+        size += cost
+    if start < len(series):
+        parts.append(series[start:])
+    return parts
+
+
 class SnapshotEncoder:
     """Turns each snapshot into ``[Declare]`` (when there are new series) + ``[Batch]``.
+
+    (Several DECLARE frames, in the rare case that one would exceed the frame limit.)
 
     Series the gateway would refuse are left out rather than sent, so one bad series cannot
     stop the stream: a bad name or label for good (logged once, kept in :attr:`rejected`),
@@ -86,8 +108,7 @@ class SnapshotEncoder:
         else:
             declared = tuple(new)
             changed = self._changed(current)
-        if declared:
-            out.append(Declare(series=declared))
+        out.extend(Declare(series=part) for part in _parts(declared, self._limits))
         out.append(
             Batch(
                 seq=self._seq,

@@ -128,7 +128,7 @@ class Tunnel:
                     multiplier=self._cfg.backoff_initial_seconds,
                     max=self._cfg.backoff_max_seconds,
                 ),
-                retry=retry_if_exception_type((TunnelError, OSError, asyncssh.Error)),
+                retry=retry_if_exception_type((TunnelError, OSError, asyncssh.Error, WireError)),
                 before_sleep=self._before_sleep,
                 reraise=True,
             )

@@ -153,6 +153,7 @@ class WireError(Exception):
 
 MAX_SERIES_ID: Final = 2**32 - 1
 _MAX_SEQ: Final = 2**63 - 1
+_MAX_TIMESTAMP_MS: Final = 2**63
 _MAX_VARINT_BYTES: Final = 10
 _HEADER: Final = struct.Struct(">IBB")
 _LENGTH: Final = struct.Struct(">I")
@@ -376,39 +377,50 @@ def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     raise WireError("malformed", f"a varint at byte {pos} is longer than {_MAX_VARINT_BYTES} bytes")
 
 
+def _int_base(prev: float | None) -> int | None:
+    """What an INT_DELTA or KIBI_DELTA adds to: the previous value, truncated."""
+    return int(prev) if prev is not None and math.isfinite(prev) else None
+
+
+def _milli_base(prev: float | None) -> int | None:
+    """What a MILLI_DELTA adds to: the previous value in thousandths, rounded."""
+    if prev is None:
+        return None
+    scaled = prev * 1000
+    return round(scaled) if math.isfinite(scaled) else None
+
+
 def _put_value(out: bytearray, v: float, prev: float | None) -> int:
-    """Append the shortest exact encoding of ``v``; return its kind."""
+    """Append the shortest exact encoding of ``v``; return its kind.
+
+    Each candidate is an integer that the decoder turns back into exactly ``v`` (integer
+    arithmetic, at most one correctly rounded division); the smallest zig-zag, so the
+    shortest varint, wins. Deltas add to a base that both ends compute the same way.
+    """
     if v.is_integer():  # finite and integral
         if v == 0.0 and math.copysign(1.0, v) < 0:
             out += _F64.pack(v)
             return _FLOAT64
         n = int(v)
         kind, u = _INT, _zz(n)
-        deltas = prev is not None and math.isfinite(prev)
-        if deltas:
-            d = _zz(n - int(prev))  # type: ignore[arg-type]
-            if d < u:
-                kind, u = _INT_DELTA, d
+        base = _int_base(prev)
+        if base is not None and (d := _zz(n - base)) < u:
+            kind, u = _INT_DELTA, d
         if n & 1023 == 0 and n:
-            k = n >> 10
-            d = _zz(k)
-            if d < u:
+            if (d := _zz(n >> 10)) < u:
                 kind, u = _KIBI, d
-            if deltas:
-                d = _zz(k - (int(prev) >> 10))  # type: ignore[arg-type]
-                if d < u:
-                    kind, u = _KIBI_DELTA, d
+            if base is not None and (d := _zz((n >> 10) - (base >> 10))) < u:
+                kind, u = _KIBI_DELTA, d
         if u < _SHORTER_THAN_FLOAT64:
             _put(out, u)
             return kind
-    elif math.isfinite(v):
+    elif math.isfinite(v):  # not integral, so |v| < 2**52 and v * 1000 cannot overflow
         m = round(v * 1000)
         if m / 1000 == v:
             kind, u = _MILLI, _zz(m)
-            if prev is not None and math.isfinite(prev):
-                d = _zz(m - round(prev * 1000))
-                if d < u:
-                    kind, u = _MILLI_DELTA, d
+            base = _milli_base(prev)
+            if base is not None and (d := _zz(m - base)) < u:
+                kind, u = _MILLI_DELTA, d
             if u < _SHORTER_THAN_FLOAT64:
                 _put(out, u)
                 return kind
@@ -419,7 +431,7 @@ def _put_value(out: bytearray, v: float, prev: float | None) -> int:
 def _timestamp_ms(timestamp: float) -> int:
     if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
         raise WireError("malformed", f"BATCH timestamp {_show(timestamp)} is not a number")
-    if not math.isfinite(timestamp) or abs(timestamp) >= 9e15:
+    if not math.isfinite(timestamp) or abs(timestamp) * 1000 >= _MAX_TIMESTAMP_MS:
         raise WireError("malformed", f"BATCH timestamp {timestamp!r} is not a usable time")
     return round(timestamp * 1000)
 
@@ -714,7 +726,7 @@ class FrameEncoder:
             if isinstance(frame, Goodbye):
                 _check_text(frame.reason, "GOODBYE reason")
                 return FrameType.GOODBYE, _json({"reason": frame.reason}), None
-        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        except (ValueError, ArithmeticError, TypeError, AttributeError, RecursionError) as exc:
             raise WireError("malformed", f"cannot encode {type(frame).__name__}: {exc}") from exc
         raise WireError("malformed", f"{type(frame).__name__} is not a frame type")
 
@@ -860,11 +872,11 @@ class FrameDecoder:
             if ftype is FrameType.ERROR:
                 return _parse_error(body)
             return _parse_goodbye(body)
-        except IndexError as exc:
+        except (IndexError, struct.error) as exc:
             raise WireError("malformed", f"{what} frame ends in the middle of a field") from exc
         except zlib.error as exc:
             raise WireError("malformed", f"{what} frame is not valid deflate data ({exc})") from exc
-        except (ValueError, OverflowError, RecursionError, TypeError, struct.error) as exc:
+        except (ValueError, ArithmeticError, RecursionError, TypeError) as exc:
             raise WireError("malformed", f"{what} frame is malformed ({exc!r})") from exc
 
     def _inflate(self, payload: bytes, what: str) -> bytes:
@@ -891,6 +903,8 @@ class FrameDecoder:
         s.check_seq(seq)
         u, pos = _uvarint(body, pos)
         ts_ms = s.ts_ms + _unzz(u)
+        if abs(ts_ms) >= _MAX_TIMESTAMP_MS:
+            raise WireError("malformed", f"BATCH seq {seq} timestamp {ts_ms} ms is out of range")
         removed, pos = _read_removed(body, pos, s, seq)
         values, pos = _read_values(body, pos, s, seq)
         if pos != len(body):
@@ -974,12 +988,13 @@ def _value(kind: int, n: int, prev: float | None, sid: int) -> float:
         return float(n << 10)
     if kind > _KIBI_DELTA:
         raise WireError("malformed", f"value kind {kind} of series {sid} is not known")
-    if prev is None or not math.isfinite(prev):
+    base = _milli_base(prev) if kind == _MILLI_DELTA else _int_base(prev)
+    if base is None:
         raise WireError(
             "malformed", f"series {sid} has a delta value but no finite previous value to add it to"
         )
     if kind == _INT_DELTA:
-        return float(int(prev) + n)
+        return float(base + n)
     if kind == _MILLI_DELTA:
-        return (round(prev * 1000) + n) / 1000
-    return float(((int(prev) >> 10) + n) << 10)
+        return (base + n) / 1000
+    return float(((base >> 10) + n) << 10)

@@ -143,7 +143,8 @@ def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert (
-            'gpurelay_agent_info{version="0.1.0",backend="simulated",node="bie-node-7"} 1' in r.text
+            'gpurelay_agent_info{version="0.1.0",backend="simulated",Hostname="bie-node-7"} 1'
+            in r.text
         )
         time.sleep(0.5)
         again = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import re
 import subprocess
@@ -154,6 +155,19 @@ def test_body_is_shared_until_something_changes(
     reg.connect("edge-z", remote="r", hello=Hello(agent_version="1", node="edge-z"), now=T0 + 1)
     after = expo.body(openmetrics=False, gzip=False)
     assert after is not text and b'gpurelay_node_up{Hostname="edge-z"} 1\n' in after
+
+
+async def test_concurrent_scrapers_share_one_compression_off_the_loop(fleet: Fleet) -> None:
+    expo = fleet.expo
+    built = expo.bodies_built
+    packed = await asyncio.gather(*(expo.body_async(openmetrics=True, gzip=True) for _ in range(5)))
+    assert all(p is packed[0] for p in packed)
+    assert expo.bodies_built == built + 2  # the plain OpenMetrics body and its gzip
+    assert gzip.decompress(packed[0]) == expo.body(openmetrics=True, gzip=False)
+    assert await expo.body_async(openmetrics=True, gzip=True) is packed[0]
+    assert expo.body(openmetrics=True, gzip=True) is packed[0]
+    plain = await expo.body_async(openmetrics=False, gzip=False)
+    assert plain is expo.body(openmetrics=False, gzip=False)
 
 
 def test_a_batch_rerenders_only_the_blocks_it_touched(

@@ -169,6 +169,22 @@ def test_removed_series_leave_their_block() -> None:
     assert not any(line.startswith("DCGM_CUSTOM") for line in lines(reg))
 
 
+def test_removing_from_the_middle_of_a_block_keeps_the_others_in_place() -> None:
+    reg = Registry()
+    conn = reg.connect("n", remote="r", hello=hello("n"), now=T0)
+    series = tuple(decl(i, "DCGM_FI_DEV_GPU_UTIL", (("gpu", str(i)),)) for i in range(4))
+    reg.declare("n", conn.conn_id, Declare(series=series))
+    reg.apply("n", conn.conn_id, batch(1, *((i, float(i)) for i in range(4))), now=T0, size_bytes=1)
+    gone = Batch(seq=2, timestamp=T0, values=((3, 30.0),), removed=(1,))
+    reg.apply("n", conn.conn_id, gone, now=T0, size_bytes=1)
+    reg.apply("n", conn.conn_id, batch(3, (2, 20.0)), now=T0, size_bytes=1)
+    assert lines(reg) == [
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 0',
+        'DCGM_FI_DEV_GPU_UTIL{gpu="2",Hostname="n"} 20',
+        'DCGM_FI_DEV_GPU_UTIL{gpu="3",Hostname="n"} 30',
+    ]
+
+
 def test_declare_rejects_with_clear_reasons() -> None:
     reg = Registry(RegistryConfig(max_series_per_node=5))
     online(reg, "a")
@@ -203,6 +219,19 @@ def test_declare_rejects_with_clear_reasons() -> None:
         "b", conn.conn_id, Declare(series=tuple(decl(10 + i, f"m{i}", ()) for i in range(5)))
     )
     assert more.accepted == 4 and "limit" in more.rejected[0].reason
+
+
+def test_a_different_help_text_is_accepted_and_the_first_one_kept() -> None:
+    reg = Registry()
+    online(reg, "a")  # help "help of DCGM_FI_DEV_GPU_UTIL"
+    conn = reg.connect("b", remote="r", hello=hello("b"), now=T0)
+    reworded = SeriesDecl(
+        id=0, name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help="new words", labels=()
+    )
+    assert reg.declare("b", conn.conn_id, Declare(series=(reworded,))).rejected == ()
+    reg.apply("b", conn.conn_id, batch(1, (0, 5.0)), now=T0, size_bytes=1)
+    family, blocks = next(fb for fb in reg.family_blocks() if fb[0].name == "DCGM_FI_DEV_GPU_UTIL")
+    assert family.help == "help of DCGM_FI_DEV_GPU_UTIL" and len(blocks) == 2
 
 
 def test_family_is_forgotten_when_its_last_series_goes() -> None:

@@ -1,0 +1,180 @@
+"""The gateway binary, top to bottom: startup -> run -> shutdown.
+
+Startup loads the trust material (user CA, host key and certificate, revocation list),
+binds SSH and HTTP, and only then reports ready (``/readyz``, systemd READY=1). Run ticks
+once a second: expire offline nodes, re-check live certificates against the revocation
+list, refresh the gateway's own metrics. Shutdown stops accepting, says GOODBYE to every
+agent, drains for ``drain_seconds``, then closes; signals only set the stop event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from contextlib import suppress
+
+import asyncssh
+from aiohttp import web
+
+from cloud_gateway.auth_policy import load_trusted_cas
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.errors import GatewayConfigError, GatewayError
+from cloud_gateway.exposition import Exposition
+from cloud_gateway.gateway_metrics import gateway_families
+from cloud_gateway.http_api import HttpState, make_app
+from cloud_gateway.ingest import Ingest
+from cloud_gateway.registry import Registry, RegistryConfig
+from cloud_gateway.revocation import RevocationWatcher
+from cloud_gateway.ssh_server import CertificatePolicy, SshServer
+from edge_agent.config import split_host_port
+from edge_agent.sdnotify import notify
+from edge_agent.wire import Limits
+
+log = logging.getLogger("cloud_gateway")
+TICK_SECONDS = 1.0
+
+
+def _host_keys(cfg: GatewayConfig) -> list[tuple[asyncssh.SSHKey, asyncssh.SSHCertificate | None]]:
+    try:
+        key = asyncssh.read_private_key(str(cfg.ssh.host_key))
+    except (OSError, asyncssh.KeyImportError) as exc:
+        raise GatewayConfigError(f"ssh.host_key {cfg.ssh.host_key} cannot be used: {exc}") from exc
+    cert_path = cfg.ssh.host_certificate_path
+    cert = None
+    if cert_path is not None:
+        try:
+            cert = asyncssh.read_certificate(str(cert_path))
+        except (OSError, asyncssh.KeyImportError) as exc:
+            raise GatewayConfigError(
+                f"ssh.host_certificate {cert_path} cannot be used: {exc}"
+            ) from exc
+    return [(key, cert)]
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.stop = asyncio.Event()
+        self.registry = Registry(
+            RegistryConfig(
+                stale_after_intervals=cfg.registry.stale_after_intervals,
+                offline_grace=cfg.registry.offline_grace_seconds,
+                max_series_per_node=cfg.ssh.max_series_per_node,
+            )
+        )
+        self.exposition = Exposition(self.registry)
+        self.ingest = Ingest(self.registry, clock=clock)
+        self.http = HttpState(
+            registry=self.registry,
+            exposition=self.exposition,
+            tokens=cfg.api_tokens(),
+            protect_metrics=cfg.http.protect_metrics,
+            clock=clock,
+        )
+        self.ssh: SshServer | None = None
+        self.runner: web.AppRunner | None = None
+        self.ssh_port = 0
+        self.http_port = 0
+
+    async def startup(self) -> None:
+        cfg = self.cfg
+        try:
+            trusted = load_trusted_cas(cfg.ssh.user_ca)
+        except (OSError, GatewayError) as exc:
+            raise GatewayConfigError(f"ssh.user_ca {cfg.ssh.user_ca}: {exc}") from exc
+        revocations = None
+        if cfg.ssh.revocation_file is not None:
+            revocations = RevocationWatcher(cfg.ssh.revocation_file)
+            revocations.current()  # a malformed file at start is an error, not a surprise
+        self.ssh = SshServer(
+            host_keys=_host_keys(cfg),
+            policy=CertificatePolicy(
+                trusted_cas=trusted, revocations=revocations, clock=self.clock
+            ),
+            sessions=self.ingest,
+            limits=Limits(
+                max_frame_bytes=cfg.ssh.max_frame_bytes, max_series=cfg.ssh.max_series_per_node
+            ),
+            login_timeout=cfg.ssh.login_timeout_seconds,
+        )
+        ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")
+        self.ssh_port = await self.ssh.start(ssh_host, ssh_port)
+        http_host, http_port = split_host_port(cfg.http.listen, "http.listen")
+        self.runner = web.AppRunner(make_app(self.http), access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, http_host, http_port, reuse_address=True)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        self.http_port = int(sockets[0].getsockname()[1]) if sockets else http_port
+        if not self.http.tokens:
+            log.warning(
+                "no API tokens configured: /api/* answers 403 until http.tokens or "
+                "http.token_files is set"
+            )
+        self._refresh()
+        self.http.ready = True
+        log.info(
+            "listening: SSH %s:%d, HTTP %s:%d (%d trusted user CA key(s))",
+            ssh_host,
+            self.ssh_port,
+            http_host,
+            self.http_port,
+            len(trusted),
+        )
+        notify("READY=1")
+
+    def _refresh(self) -> None:
+        assert self.ssh is not None
+        now = self.clock()
+        for node in self.registry.expire(now):
+            log.info(
+                "node %s offline for more than %.0fs: its series leave /metrics",
+                node,
+                self.cfg.registry.offline_grace_seconds,
+            )
+        self.ssh.revalidate()
+        self.exposition.set_extra(
+            gateway_families(
+                states=self.registry.states(now),
+                auth_failures=self.ssh.policy.failures,
+                protocol_errors=self.ssh.protocol_errors,
+                ingest=self.ingest.stats,
+                channels=self.ssh.channels,
+                bodies_built=self.exposition.bodies_built,
+                http_requests=self.http.requests,
+            )
+        )
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), TICK_SECONDS)
+                break
+            self._refresh()
+            notify("WATCHDOG=1")
+
+    async def shutdown(self) -> None:
+        notify("STOPPING=1")
+        self.http.ready = False
+        if self.ssh is not None:
+            log.info("shutting down: telling %d agent(s) goodbye", self.ssh.channels)
+            await self.ssh.stop(self.cfg.drain_seconds)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        log.info("stopped")
+
+
+async def serve(cfg: GatewayConfig) -> None:
+    gateway = Gateway(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, gateway.stop.set)
+    try:
+        await gateway.startup()
+        await gateway.run()
+    finally:
+        await gateway.shutdown()

@@ -1,0 +1,176 @@
+"""The gateway's HTTP side: unified ``/metrics``, BIE ``/v1/collect``, the operator API.
+
+``/api/*`` needs a bearer token from the config (401 without one, 403 with a wrong one,
+each with a one-line JSON body). With no token configured the API stays closed and says
+how to open it. ``/metrics`` and ``/v1/collect`` are open unless ``http.protect_metrics``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from cloud_gateway.exposition import Exposition, bie_document
+from cloud_gateway.openapi import OPENAPI
+from cloud_gateway.registry import NodeView, Registry
+from edge_agent.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STATES = ("online", "stale", "offline")
+
+
+@dataclasses.dataclass
+class HttpState:
+    registry: Registry
+    exposition: Exposition
+    tokens: frozenset[str]
+    protect_metrics: bool = False
+    clock: Callable[[], float] = time.time
+    ready: bool = False
+    requests: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _authorised(request: web.Request, tokens: frozenset[str]) -> web.Response | None:
+    """None when the request may pass, else the 401/403 response to send."""
+    if not tokens:
+        return _error(
+            403,
+            "the operator API is closed: no tokens are configured on the "
+            "gateway (set http.tokens or http.token_files)",
+        )
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return _error(
+            401,
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            **{"WWW-Authenticate": 'Bearer realm="cloud-gateway"'},
+        )
+    given = token.strip().encode()
+    if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
+        return _error(403, "the bearer token was not accepted")
+    return None
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    path = request.path
+    endpoint = "/" + path.split("/")[1]  # "/metrics", "/api", ...
+    state.requests[endpoint] = state.requests.get(endpoint, 0) + 1
+    needs = path.startswith("/api/") or (
+        state.protect_metrics and path in ("/metrics", "/v1/collect")
+    )
+    if needs:
+        refusal = _authorised(request, state.tokens)
+        if refusal is not None:
+            return refusal
+    return await handler(request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    om = wants_openmetrics(request.headers.get("Accept", ""))
+    gz = "gzip" in request.headers.get("Accept-Encoding", "")
+    body = await state.exposition.body_async(openmetrics=om, gzip=gz)
+    headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE}
+    if gz:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+async def bie_collect(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response(bie_document(state.registry, state.clock()))
+
+
+def node_summary(view: NodeView, now: float) -> dict[str, Any]:
+    return {
+        "name": view.name,
+        "state": view.state,
+        "domain": view.domain or view.name,
+        "gpu_count": len(view.gpus),
+        "gpu_models": sorted({g.name for g in view.gpus}),
+        "agent_version": view.agent_version,
+        "backend": view.backend,
+        "remote": view.remote,
+        "connected_since": view.connected_since,
+        "last_seen": view.last_seen,
+        "last_seen_seconds_ago": None if view.last_seen is None else round(now - view.last_seen, 3),
+        "last_batch_time": view.last_batch_time,
+        "interval_seconds": view.interval_seconds,
+        "series": view.series_count,
+        "batches_received": view.batches_received,
+        "bytes_received": view.bytes_received,
+        "duplicate_batches": view.duplicates,
+    }
+
+
+def node_detail(view: NodeView, now: float) -> dict[str, Any]:
+    doc = node_summary(view, now)
+    doc["gpus"] = [dataclasses.asdict(g) for g in view.gpus]
+    doc["recent_errors"] = [{"time": e.time, "message": e.message} for e in view.recent_errors]
+    doc["last_disconnect_reason"] = view.last_disconnect_reason
+    return doc
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    wanted = request.query.get("state")
+    if wanted is not None and wanted not in STATES:
+        return _error(400, f"state must be one of {', '.join(STATES)}, not {wanted!r}")
+    domain = request.query.get("domain")
+    now = state.clock()
+    views = state.registry.nodes(now, state=wanted)  # type: ignore[arg-type]
+    if domain:
+        views = [v for v in views if (v.domain or v.name) == domain]
+    return web.json_response({"now": now, "nodes": [node_summary(v, now) for v in views]})
+
+
+async def get_node(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    name = request.match_info["node"]
+    now = state.clock()
+    view = state.registry.node(name, now=now)
+    if view is None:
+        return _error(404, f"unknown node {name!r}")
+    return web.json_response(node_detail(view, now))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if not request.app[STATE].ready:
+        return web.Response(status=503, text="not ready: starting or shutting down\n")
+    return web.Response(text="ready\n")
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(OPENAPI)
+
+
+def make_app(state: HttpState) -> web.Application:
+    app = web.Application(middlewares=[auth_middleware])
+    app[STATE] = state
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/collect", bie_collect)
+    app.router.add_get("/api/v1/nodes", list_nodes)
+    app.router.add_get("/api/v1/nodes/{node}", get_node)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/openapi.json", openapi)
+    return app

@@ -1,0 +1,134 @@
+"""Real gateways and agents on loopback with a throwaway fleet PKI."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from cloud_gateway import certs
+from cloud_gateway.app import Gateway
+from cloud_gateway.config import GatewayConfig, HttpConfig, RegistryConfig, SshConfig
+from edge_agent.app import Agent
+from edge_agent.config import AgentConfig, GatewayConfig as AgentGatewayConfig
+from edge_agent.config import SimulateConfig
+
+TOKEN = "test-operator-token"
+
+
+@dataclass
+class Pki:
+    ca: certs.CaPaths
+    gateway_key: Path
+
+    def node(self, name: str, **kwargs: object) -> certs.Credentials:
+        return certs.issue_node(self.ca.dir, name, **kwargs)  # type: ignore[arg-type]
+
+
+def make_pki(tmp: Path) -> Pki:
+    ca = certs.init_ca(tmp / "ca")
+    gw = certs.issue_gateway(ca.dir, "localhost", extra_names=["127.0.0.1"])
+    assert gw.private_key is not None
+    return Pki(ca=ca, gateway_key=gw.private_key)
+
+
+def gateway_config(pki: Pki, *, ssh_port: int = 0, **registry: float) -> GatewayConfig:
+    return GatewayConfig(
+        drain_seconds=1.0,
+        ssh=SshConfig(
+            listen=f"127.0.0.1:{ssh_port}",
+            host_key=pki.gateway_key,
+            user_ca=pki.ca.user_ca_pub,
+            revocation_file=pki.ca.revocations,
+        ),
+        http=HttpConfig(listen="127.0.0.1:0", tokens=(TOKEN,)),
+        registry=RegistryConfig(**registry),
+    )
+
+
+@asynccontextmanager
+async def running_gateway(cfg: GatewayConfig) -> AsyncIterator[Gateway]:
+    gateway = Gateway(cfg)
+    await gateway.startup()
+    task = asyncio.create_task(gateway.run())
+    try:
+        yield gateway
+    finally:
+        gateway.stop.set()
+        with suppress(asyncio.CancelledError):
+            await task
+        await gateway.shutdown()
+
+
+def agent_config(
+    pki: Pki,
+    node: str,
+    gateway: Gateway,
+    *,
+    creds: certs.Credentials | None = None,
+    gpus: int = 1,
+    node_name: str | None = None,
+) -> AgentConfig:
+    creds = creds or pki.node(node)
+    return AgentConfig(
+        node_name=node_name or node,
+        listen="127.0.0.1:0",
+        interval_seconds=0.2,
+        process_interval_seconds=0.2,
+        simulate=SimulateConfig(gpus=gpus, seed=3),
+        gateway=AgentGatewayConfig(
+            address=f"127.0.0.1:{gateway.ssh_port}",
+            known_hosts=pki.ca.known_hosts,
+            key=creds.private_key,
+            certificate=creds.certificate,
+            backoff_initial_seconds=0.05,
+            backoff_max_seconds=0.5,
+            connect_timeout_seconds=5,
+        ),
+    )
+
+
+@asynccontextmanager
+async def running_agent(cfg: AgentConfig) -> AsyncIterator[Agent]:
+    agent = Agent(cfg)
+    await agent.startup()
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        agent.stop.set()
+        with suppress(asyncio.CancelledError):
+            await task
+        await agent.shutdown()
+
+
+def with_port(cfg: GatewayConfig, ssh_port: int) -> GatewayConfig:
+    return dataclasses.replace(
+        cfg, ssh=dataclasses.replace(cfg.ssh, listen=f"127.0.0.1:{ssh_port}")
+    )
+
+
+async def wait_for(predicate: Callable[[], object], timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        await asyncio.sleep(0.05)
+
+
+async def metrics_text(gateway: Gateway) -> str:
+    async with httpx.AsyncClient() as client:
+        r = await client.get(f"http://127.0.0.1:{gateway.http_port}/metrics")
+        r.raise_for_status()
+        return r.text
+
+
+def auth_failures(gateway: Gateway, reason: str) -> int:
+    assert gateway.ssh is not None
+    return gateway.ssh.policy.failures.get(reason, 0)
