@@ -241,21 +241,38 @@ class Registry:
         n.bytes += size_bytes
         n.last_seen = n.last_batch_time = now
         self.generation += 1  # last_seen changed, at least
-        if batch.seq <= n.last_seq:
+        if batch.seq <= n.last_seq:  # a replay of a batch applied before
             n.duplicates += 1
+            self._set(n, batch.values, only_new=True)  # fill series that have no value yet
             return Applied(seq=batch.seq, duplicate=True)
         n.last_seq = batch.seq
+        changed, unknown = self._set(n, batch.values, only_new=False)
+        ids = n.ids
+        gone = dict.fromkeys(ids[sid] for sid in batch.removed if sid in ids)
+        if batch.full:
+            listed = {ids[sid] for sid, _ in batch.values if sid in ids}
+            gone.update(dict.fromkeys(s for s in n.series if s not in listed))
+        for s in gone:
+            self._remove(n, s)
+        return Applied(
+            seq=batch.seq, duplicate=False, changed=changed, removed=len(gone), unknown=unknown
+        )
+
+    def _set(
+        self, n: _Node, values: tuple[tuple[int, float], ...], *, only_new: bool
+    ) -> tuple[int, int]:
+        """Store values, re-format their lines, dirty their blocks: (changed, unknown)."""
         ids = n.ids
         dirty: set[_Group] = set()
         changed = unknown = 0
-        for sid, raw in batch.values:
+        for sid, raw in values:
             s = ids.get(sid)
             if s is None:
                 if sid not in n.rejected:
                     unknown += 1
                 continue
             value = float(raw)
-            if s.value == value:
+            if s.value == value or (only_new and s.value is not None):
                 continue
             s.value = value
             s.line = line = s.line[: s.cut] + format_value(value).encode() + b"\n"
@@ -268,15 +285,7 @@ class Registry:
             changed += 1
         for g in dirty:
             g.block = g.fs.blocks = None
-        gone = dict.fromkeys(ids[sid] for sid in batch.removed if sid in ids)
-        if batch.full:
-            listed = {ids[sid] for sid, _ in batch.values if sid in ids}
-            gone.update(dict.fromkeys(s for s in n.series if s not in listed))
-        for s in gone:
-            self._remove(n, s)
-        return Applied(
-            seq=batch.seq, duplicate=False, changed=changed, removed=len(gone), unknown=unknown
-        )
+        return changed, unknown
 
     def expire(self, now: float) -> list[str]:
         """Drop the series of nodes offline for longer than the grace; keep the nodes."""

@@ -16,8 +16,8 @@ from cloud_gateway import certs
 from cloud_gateway.app import Gateway
 from cloud_gateway.config import GatewayConfig, HttpConfig, RegistryConfig, SshConfig
 from edge_agent.app import Agent
-from edge_agent.config import AgentConfig, GatewayConfig as AgentGatewayConfig
-from edge_agent.config import SimulateConfig
+from edge_agent.config import AgentConfig, SimulateConfig
+from edge_agent.config import GatewayConfig as AgentGatewayConfig
 
 TOKEN = "test-operator-token"
 
