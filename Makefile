@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check edge_agent cloud_gateway tests bench
-	$(BIN)/ruff format --check edge_agent cloud_gateway tests bench
+	$(BIN)/ruff check edge_agent cloud_gateway tests bench deploy
+	$(BIN)/ruff format --check edge_agent cloud_gateway tests bench deploy
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -26,12 +26,15 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# The agent with 2 simulated GPUs (MIG on GPU 0) serving http://127.0.0.1:9400.
+# Gateway (SSH :2222, HTTP :9410) and one agent (:9400) on loopback, dev certs in certs/dev.
 demo: $(STAMP)
-	$(BIN)/edge-agent run --simulate 2 --simulate-mig --interval 2 $(DEMO_ARGS)
+	$(BIN)/python deploy/dev/demo.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/agent_cycle.py
+	$(BIN)/python bench/wire_size.py
+	$(BIN)/python bench/gateway_render.py
+	$(BIN)/python bench/gateway_ingest.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

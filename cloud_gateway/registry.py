@@ -258,35 +258,6 @@ class Registry:
             seq=batch.seq, duplicate=False, changed=changed, removed=len(gone), unknown=unknown
         )
 
-    def _set(
-        self, n: _Node, values: tuple[tuple[int, float], ...], *, only_new: bool
-    ) -> tuple[int, int]:
-        """Store values, re-format their lines, dirty their blocks: (changed, unknown)."""
-        ids = n.ids
-        dirty: set[_Group] = set()
-        changed = unknown = 0
-        for sid, raw in values:
-            s = ids.get(sid)
-            if s is None:
-                if sid not in n.rejected:
-                    unknown += 1
-                continue
-            value = float(raw)
-            if s.value == value or (only_new and s.value is not None):
-                continue
-            s.value = value
-            s.line = line = s.line[: s.cut] + format_value(value).encode() + b"\n"
-            g = s.group
-            if g is None:
-                g = self._go_live(n, s)
-            else:
-                g.lines[s.pos] = line
-            dirty.add(g)
-            changed += 1
-        for g in dirty:
-            g.block = g.fs.blocks = None
-        return changed, unknown
-
     def expire(self, now: float) -> list[str]:
         """Drop the series of nodes offline for longer than the grace; keep the nodes."""
         expired = []
@@ -367,6 +338,35 @@ class Registry:
         if n is None or not n.connected or n.conn_id != conn_id:
             raise StaleConnection(f"connection {conn_id} of node {node!r} is not current")
         return n
+
+    def _set(
+        self, n: _Node, values: tuple[tuple[int, float], ...], *, only_new: bool
+    ) -> tuple[int, int]:
+        """Store values, re-format their lines, dirty their blocks: (changed, unknown)."""
+        ids = n.ids
+        dirty: set[_Group] = set()
+        changed = unknown = 0
+        for sid, raw in values:
+            s = ids.get(sid)
+            if s is None:
+                if sid not in n.rejected:
+                    unknown += 1
+                continue
+            value = float(raw)
+            if s.value == value or (only_new and s.value is not None):
+                continue
+            s.value = value
+            s.line = line = s.line[: s.cut] + format_value(value).encode() + b"\n"
+            g = s.group
+            if g is None:
+                g = self._go_live(n, s)
+            else:
+                g.lines[s.pos] = line
+            dirty.add(g)
+            changed += 1
+        for g in dirty:
+            g.block = g.fs.blocks = None
+        return changed, unknown
 
     def _declare_one(self, n: _Node, sd: SeriesDecl, by_prefix: dict[bytes, _Series]) -> str | None:
         reason = self._invalid(sd)

@@ -111,9 +111,13 @@ def test_duplicate_batches_never_overwrite_newer_values_even_after_reconnect() -
     dup = reg.apply("n", conn.conn_id, batch(4, (0, 99.0)), now=T0, size_bytes=1)
     assert dup.duplicate and dup.seq == 4
     again = reg.connect("n", remote="r", hello=hello("n"), now=T0 + 1)
-    reg.declare("n", again.conn_id, device_series("n"))
-    assert reg.apply("n", again.conn_id, batch(5, (0, 99.0)), now=T0 + 1, size_bytes=1).duplicate
+    new = decl(9, "DCGM_FI_DEV_GPU_TEMP", (("gpu", "0"),))
+    reg.declare("n", again.conn_id, Declare(series=(*device_series("n").series, new)))
+    replay = batch(5, (0, 99.0), (9, 41.0))
+    assert reg.apply("n", again.conn_id, replay, now=T0 + 1, size_bytes=1).duplicate
+    # the replay fills a series that never had a value, and overwrites nothing
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 60' in lines(reg)
+    assert 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n"} 41' in lines(reg)
     view = reg.node("n", now=T0 + 1)
     assert view is not None and view.duplicates == 2 and view.batches_received == 4
 
