@@ -198,6 +198,7 @@ class Agent:
         )
         if self.cfg.gateway.address:
             self.tunnel = Tunnel(self.cfg.gateway, node=self.pipeline.node, hello=self.hello)
+            self.pipeline.collection.extra.append(self.tunnel.metrics)
             self.tunnel.submit(snapshot)
             self._tunnel_task = asyncio.create_task(self.tunnel.run(), name="tunnel")
         else:

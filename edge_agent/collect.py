@@ -98,6 +98,8 @@ class Collection:
         self._status: dict[str, tuple[bool, float]] = {}
         self._cycles = 0
         self.unsupported: dict[str, str] = {}
+        # Other stages' own series (the tunnel's), added to every collection.
+        self.extra: list[Callable[[SampleSink], None]] = []
 
     def collect(self) -> Snapshot:
         sink = SampleSink()
@@ -186,3 +188,5 @@ class Collection:
                 sink.add("gpurelay_agent_attribution_errors_total", (("reason", reason),), n)
         sink.add("gpurelay_agent_collections_total", (), float(self._cycles))
         sink.add("gpurelay_agent_last_collection_timestamp_seconds", (), now)
+        for add in self.extra:
+            add(sink)

@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponen
 from edge_agent.config import GatewayConfig
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
-from edge_agent.model import Snapshot
+from edge_agent.model import Family, SampleSink, Snapshot
 from edge_agent.wire import (
     Ack,
     ErrorFrame,
@@ -41,6 +41,40 @@ log = logging.getLogger(__name__)
 
 SUBSYSTEM = "gpurelay"
 READ_CHUNK = 65536
+
+
+TUNNEL_FAMILIES = (
+    Family(
+        name="gpurelay_agent_gateway_connected",
+        type="gauge",
+        help="1 while the telemetry channel to the gateway is open.",
+    ),
+    Family(
+        name="gpurelay_agent_gateway_connects_total",
+        type="counter",
+        help="Telemetry channels opened to the gateway.",
+    ),
+    Family(
+        name="gpurelay_agent_gateway_failures_total",
+        type="counter",
+        help="Failed or refused gateway sessions, by reason.",
+    ),
+    Family(
+        name="gpurelay_agent_gateway_sent_batches_total",
+        type="counter",
+        help="Value batches written to the gateway.",
+    ),
+    Family(
+        name="gpurelay_agent_gateway_sent_bytes_total",
+        type="counter",
+        help="Bytes written into the telemetry channel (after compression).",
+    ),
+    Family(
+        name="gpurelay_agent_gateway_acked_seq",
+        type="gauge",
+        help="Highest batch sequence number the gateway acknowledged.",
+    ),
+)
 
 
 class TunnelError(AgentError):
@@ -113,6 +147,19 @@ class Tunnel:
         self._wakeup = asyncio.Event()
         self.stats = TunnelStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
+
+    def metrics(self, sink: SampleSink) -> None:
+        """The tunnel's own series, added to every collection."""
+        st = self.stats
+        for fam in TUNNEL_FAMILIES:
+            sink.declare(fam)
+        sink.add("gpurelay_agent_gateway_connected", (), 1.0 if st.connected else 0.0)
+        sink.add("gpurelay_agent_gateway_connects_total", (), st.connects)
+        for reason, n in sorted(st.failures.items()):
+            sink.add("gpurelay_agent_gateway_failures_total", (("reason", reason),), n)
+        sink.add("gpurelay_agent_gateway_sent_batches_total", (), st.batches_sent)
+        sink.add("gpurelay_agent_gateway_sent_bytes_total", (), st.bytes_sent)
+        sink.add("gpurelay_agent_gateway_acked_seq", (), st.acked_seq)
 
     def submit(self, snapshot: Snapshot) -> None:
         """Hand over the newest collection; an older one not yet sent is superseded."""

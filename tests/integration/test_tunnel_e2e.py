@@ -39,7 +39,7 @@ async def test_agent_pushes_and_gateway_exposes_it_under_the_node_name(tmp_path:
     pki = make_pki(tmp_path)
     async with running_gateway(gateway_config(pki)) as gw:
         async with running_agent(agent_config(pki, "edge-a", gw, gpus=2)) as agent:
-            await wait_for(lambda: gw.ingest.stats.batches >= 2, what="two batches")
+            await wait_for(lambda: gw.ingest.stats.batches >= 3, what="three batches")
             gw._refresh()
             text = await metrics_text(gw)
             util = _series(text, "DCGM_FI_DEV_FB_USED")
@@ -47,6 +47,7 @@ async def test_agent_pushes_and_gateway_exposes_it_under_the_node_name(tmp_path:
             procs = _series(text, "DCGM_CUSTOM_PROCESS_MEM_USED")
             assert procs and all('NodeName="edge-a"' in line for line in procs)
             assert 'gpurelay_node_up{Hostname="edge-a"} 1' in text
+            assert 'gpurelay_agent_gateway_connected{Hostname="edge-a"} 1' in text
             assert agent.tunnel is not None and agent.tunnel.stats.acked_seq >= 2
             base = f"http://127.0.0.1:{gw.http_port}"
             async with httpx.AsyncClient(base_url=base) as client:
