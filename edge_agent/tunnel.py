@@ -142,7 +142,9 @@ class Tunnel:
         self._hello = hello
         self._key, self._cert = load_client_key(cfg)
         self._known_hosts = load_known_hosts(cfg)
-        self._snapshots = encoder or SnapshotEncoder()
+        # Sequence numbers must keep increasing across agent restarts (the gateway ignores
+        # a batch whose seq it has seen): start from the wall clock in milliseconds.
+        self._snapshots = encoder or SnapshotEncoder(first_seq=int(time.time() * 1000))
         self._latest: Snapshot | None = None
         self._wakeup = asyncio.Event()
         self.stats = TunnelStats()

@@ -233,3 +233,16 @@ async def test_garbage_on_the_channel_gets_an_error_and_only_that_node_is_droppe
             before = gw.ingest.stats.batches
             await wait_for(lambda: gw.ingest.stats.batches > before, what="good node continues")
             assert gw.ssh is not None and gw.ssh.protocol_errors["version"] == 1
+
+
+async def test_a_restarted_agent_is_not_mistaken_for_a_replay(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    creds = pki.node("edge-a")
+    async with running_gateway(gateway_config(pki)) as gw:
+        async with running_agent(agent_config(pki, "edge-a", gw, creds=creds)):
+            await wait_for(lambda: gw.ingest.stats.batches >= 2)
+        applied = gw.ingest.stats.batches - gw.ingest.stats.duplicates
+        async with running_agent(agent_config(pki, "edge-a", gw, creds=creds)):
+            await wait_for(lambda: gw.ingest.stats.batches - gw.ingest.stats.duplicates
+                           >= applied + 2, what="new batches applied after restart")
+        assert gw.ingest.stats.duplicates == 0
