@@ -243,6 +243,33 @@ async def test_a_restarted_agent_is_not_mistaken_for_a_replay(tmp_path: Path) ->
             await wait_for(lambda: gw.ingest.stats.batches >= 2)
         applied = gw.ingest.stats.batches - gw.ingest.stats.duplicates
         async with running_agent(agent_config(pki, "edge-a", gw, creds=creds)):
-            await wait_for(lambda: gw.ingest.stats.batches - gw.ingest.stats.duplicates
-                           >= applied + 2, what="new batches applied after restart")
+            await wait_for(
+                lambda: gw.ingest.stats.batches - gw.ingest.stats.duplicates >= applied + 2,
+                what="new batches applied after restart",
+            )
         assert gw.ingest.stats.duplicates == 0
+
+
+async def test_gateway_metrics_pass_promtool(tmp_path: Path, promtool: Path) -> None:
+    from tests.integration.test_agent_http import INHERENT
+
+    pki = make_pki(tmp_path)
+    async with running_gateway(gateway_config(pki)) as gw:
+        async with running_agent(agent_config(pki, "edge-a", gw, gpus=2)):
+            async with running_agent(agent_config(pki, "edge-b", gw)):
+                await wait_for(lambda: gw.ingest.stats.batches >= 4)
+                gw._refresh()
+                text = await metrics_text(gw)
+    assert 'Hostname="edge-a"' in text and 'Hostname="edge-b"' in text
+    proc = await asyncio.create_subprocess_exec(
+        str(promtool),
+        "check",
+        "metrics",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate(text.encode())
+    assert proc.returncode in (0, 3), out  # 1 would be a parse error
+    lines = out.decode().strip().splitlines()
+    assert [line for line in lines if not INHERENT.match(line)] == []

@@ -76,8 +76,9 @@ def test_the_valid_stream_is_accepted(stream: bytes) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), chunk=st.integers(min_value=1, max_value=5000))
-def test_mutated_streams_only_raise_wire_errors(stream: bytes, data: st.DataObject,
-                                                chunk: int) -> None:
+def test_mutated_streams_only_raise_wire_errors(
+    stream: bytes, data: st.DataObject, chunk: int
+) -> None:
     mutated = bytearray(stream)
     for _ in range(data.draw(st.integers(min_value=1, max_value=8))):
         kind = data.draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
@@ -108,7 +109,8 @@ _series = st.builds(
     help=_label_text,
     labels=st.lists(
         st.tuples(st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,10}", fullmatch=True), _label_text),
-        max_size=4, unique_by=lambda kv: kv[0],
+        max_size=4,
+        unique_by=lambda kv: kv[0],
     ).map(tuple),
 )
 
@@ -118,8 +120,9 @@ _series = st.builds(
     decls=st.lists(_series, max_size=12, unique_by=lambda s: s.id),
     values=st.lists(st.tuples(st.integers(0, 60), st.floats(allow_nan=True)), max_size=30),
 )
-def test_structurally_valid_but_hostile_frames(decls: list[SeriesDecl],
-                                               values: list[tuple[int, float]]) -> None:
+def test_structurally_valid_but_hostile_frames(
+    decls: list[SeriesDecl], values: list[tuple[int, float]]
+) -> None:
     """Labels with quotes/newlines, a series claiming NodeName or Hostname, undeclared ids."""
     encoder = FrameEncoder()
     frames = [Hello(agent_version="x", node="other-node"), Declare(series=tuple(decls))]
