@@ -85,7 +85,7 @@ class Gateway:
         try:
             trusted = load_trusted_cas(cfg.ssh.user_ca)
         except (OSError, GatewayError) as exc:
-            raise GatewayConfigError(f"ssh.user_ca {cfg.ssh.user_ca}: {exc}") from exc
+            raise GatewayConfigError(f"ssh.user_ca: {exc}") from exc
         revocations = None
         if cfg.ssh.revocation_file is not None:
             revocations = RevocationWatcher(cfg.ssh.revocation_file)
@@ -165,7 +165,7 @@ class Gateway:
             await self.ssh.stop(self.cfg.drain_seconds)
         if self.runner is not None:
             await self.runner.cleanup()
-        log.info("stopped")
+            log.info("stopped")
 
 
 async def serve(cfg: GatewayConfig) -> None:

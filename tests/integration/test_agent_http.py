@@ -209,16 +209,31 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.stderr.strip() == "edge-agent: error: listen must be of type str, got 5"
 
 
-def test_gateway_placeholder_does_not_pretend() -> None:
+def test_gateway_cli_errors_are_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("[ssh]\nlisten = 'nope'\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "cloud_gateway", "run"],
+        [sys.executable, "-m", "cloud_gateway", "run", "--config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert proc.returncode == 2
-    assert "not part of this release yet" in proc.stderr
+    assert proc.stderr.strip() == (
+        "cloud-gateway: error: ssh.listen 'nope' must look like HOST:PORT"
+    )
+    missing_ca = tmp_path / "gw2.toml"
+    missing_ca.write_text(f"[ssh]\nuser_ca = '{tmp_path / 'nope.pub'}'\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cloud_gateway", "run", "--config", str(missing_ca)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "ssh.user_ca" in proc.stderr
 
 
 _ = web  # aiohttp is the server under test
