@@ -1,0 +1,729 @@
+"""Gateway ingest over real SSH: gateway CPU per batch and bytes per batch, many agents.
+
+Setup: a throwaway fleet PKI (one certificate per node); the gateway runs as its own
+process (``python -m cloud_gateway run --config FILE``) on loopback, so its CPU time can be
+read from ``/proc/<pid>/stat``. This process runs every agent's real
+:class:`edge_agent.tunnel.Tunnel` (asyncssh, node certificate, one telemetry channel) on
+one event loop. The data is precomputed once with the simulator (8 GPUs with their
+processes attributed through a fake host tree, the collector's real timer, one collection
+every 10 s of simulated time); node k replays that timeline from snapshot k mod
+``--spread``, one batch every ``--interval`` seconds, its batches spread evenly over the
+interval, so the gateway sees realistic 10-second-apart data from every node.
+
+Phases: connect all nodes (HELLO only); idle window (connected, nothing sent); start
+sending and skip each node's first ``--warmup`` batches after the first (DECLARE + full)
+one; measurement window; stop sending, let the acks drain, cross-check the counts.
+
+Figures:
+(a) gateway CPU per batch = gateway utime+stime over the window / batches the gateway
+    applied in it (summed ``batches_received`` of ``/api/v1/nodes``, which is live; the
+    ``gpurelay_gateway_batches_total`` counter on ``/metrics`` is refreshed by the 1 s tick
+    and is cross-checked at the end). Nothing is subtracted: the 1 s tick, keepalives and
+    one API read are in it; the idle CPU over an equal window is shown beside it.
+    Target: <= 100 us per 8-GPU batch.
+(b) bytes per steady-state batch, as written into the SSH channel after the wire's
+    compression (``Tunnel.stats.bytes_sent`` delta / ``batches_sent`` delta per node over
+    the window; SSH framing and encryption not included). Median and p95 over nodes.
+    Target: <= 512 bytes for an 8-GPU node.
+
+Run: .venv/bin/python bench/gateway_ingest.py [--nodes 100] [--gpus 8] [--interval 1]
+     [--seconds 20] [--idle-seconds SECONDS] [--warmup 5] [--spread 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.config import load as load_gateway_config
+from edge_agent import __version__, simhost
+from edge_agent.app import Backend, build_pipeline
+from edge_agent.config import GatewayConfig as AgentGatewayConfig
+from edge_agent.config import load as load_agent_config
+from edge_agent.model import Snapshot
+from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.tunnel import Tunnel, TunnelStats
+from edge_agent.wire import Hello
+from tests.agent_support import FakeClock
+from tests.gateway_support import TOKEN, Pki, gateway_config, make_pki
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 7
+DATA_STEP = 10.0  # simulated seconds between two collections (the agent's default interval)
+TIMESTAMP_JITTER = 0.02  # a real collection loop starts a few ms late; so do these stamps
+CPU_TARGET_US = 100.0
+BYTES_TARGET = 512
+CONNECT_TIMEOUT = 90.0
+SETTLE_SECONDS = 1.5  # after the last connect: handshakes and their logging are over
+DRAIN_TIMEOUT = 10.0
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def make_snapshots(gpus: int, processes_per_gpu: int, count: int) -> list[Snapshot]:
+    """``count`` collections of one simulated node, 10 s of simulated time apart.
+
+    Like ``tests/agent_support.make_pipeline``, but with the collector's real timer (as
+    ``bench/wire_size.py``), so the agent's own duration series change from collection to
+    collection as they do in production instead of staying constant.
+    """
+    clock = FakeClock()
+    with tempfile.TemporaryDirectory(prefix="gateway-ingest-host-") as tmp:
+        pids = simhost.default_pids(gpus * processes_per_gpu, SEED)
+        host = simhost.build(Path(tmp), pids, SEED)
+        base = load_agent_config(None, {})
+        cfg = dataclasses.replace(
+            base,
+            node_name="edge-node-1",
+            attribution=simhost.attribution_config(host, base.attribution),
+        )
+        sim = SimulatedNvml(
+            gpus, seed=SEED, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
+        )
+        sim.nvmlInit()
+        pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=clock)
+        snapshots = []
+        try:
+            for _ in range(count):
+                snapshots.append(pipeline.collection.collect())
+                clock.advance(DATA_STEP)
+        finally:
+            pipeline.close()
+    return snapshots
+
+
+# --- the gateway process ---------------------------------------------------------------------
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (bound to port 0 together, then released)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def gateway_toml(cfg: GatewayConfig) -> str:
+    """``cfg`` as the TOML file ``cloud-gateway run --config`` reads (None: left out)."""
+    top: list[str] = []
+    tables: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            tables.append(f"\n[{f.name}]")
+            for sub in dataclasses.fields(value):
+                item = getattr(value, sub.name)
+                if item is not None:
+                    tables.append(f"{sub.name} = {_toml_value(item)}")
+        elif value is not None:
+            top.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(top + tables) + "\n"
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    cpu_seconds: float  # utime + stime, all threads
+    rss_kib: int
+
+
+class GatewayProcess:
+    def __init__(self, config: Path, log: Path, http_port: int) -> None:
+        self.config = config
+        self.log = log
+        self.url = f"http://127.0.0.1:{http_port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUD_GATEWAY_")}
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cloud_gateway", "run", "--config", str(self.config)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise BenchError(f"the gateway exited with status {self.proc.returncode}")
+
+    def sample(self) -> ProcSample:
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        rest = stat[stat.rindex(")") + 2 :].split()  # fields from 3 on; comm may hold spaces
+        utime, stime = int(rest[14 - 3]), int(rest[15 - 3])
+        rss = 0
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+        return ProcSample((utime + stime) / self._tick, rss)
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait (the gateway drains for ``drain_seconds``), SIGKILL if it hangs."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                print("gateway ignored SIGTERM for 15 s: killing it", file=sys.stderr)
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class BenchError(Exception):
+    """The bench could not take its measurement; the message says why."""
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """The value of the sample ``name{labels}`` in a text exposition (0 when absent)."""
+    prefix = f"{name}{labels} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :].split()[0])
+    return 0.0
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of family ``name`` (any labels)."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)", re.MULTILINE)
+    return sum(float(m.group(1)) for m in pattern.finditer(text))
+
+
+class GatewayClient:
+    def __init__(self, url: str) -> None:
+        # identity: a gzip'd /metrics would be compressed in a gateway worker thread
+        self._http = httpx.AsyncClient(
+            base_url=url, timeout=30.0, headers={"Accept-Encoding": "identity"}
+        )
+        self._auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def ready(self) -> bool:
+        try:
+            return (await self._http.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def metrics(self) -> str:
+        r = await self._http.get("/metrics")
+        r.raise_for_status()
+        return r.text
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        r = await self._http.get("/api/v1/nodes", headers=self._auth)
+        r.raise_for_status()
+        nodes: list[dict[str, Any]] = r.json()["nodes"]
+        return nodes
+
+    async def batches(self) -> int:
+        """Batches the gateway has applied, all nodes, counted live by the registry."""
+        return sum(int(n["batches_received"]) for n in await self.nodes())
+
+
+# --- the agents ------------------------------------------------------------------------------
+
+
+class RecordingStats(TunnelStats):
+    """``TunnelStats`` that also notes when each batch was written and acknowledged, and
+    the size of every frame before the first batch (HELLO, DECLARE, full BATCH).
+
+    The tunnel only ever assigns to its public ``stats`` fields, so watching those
+    assignments needs nothing private. Seq n is the tunnel's n-th batch (the encoder
+    starts at seq 1 and the counter at 0, and neither is reset by a reconnect).
+    """
+
+    def __init__(self) -> None:
+        self.sent_at: dict[int, float] = {}
+        self.acked_at: dict[int, float] = {}
+        self.first_frames: list[int] = []
+        super().__init__()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "bytes_sent" and getattr(self, "batches_sent", 1) == 0:
+            self.first_frames.append(value - self.bytes_sent)
+        elif name == "batches_sent" and value:
+            self.sent_at[value] = time.monotonic()
+        elif name == "acked_seq" and value > getattr(self, "acked_seq", value):
+            self.acked_at[value] = time.monotonic()
+        super().__setattr__(name, value)
+
+
+@dataclass
+class Node:
+    name: str
+    tunnel: Tunnel
+    stats: RecordingStats
+    start: int  # index of its first snapshot in the timeline
+    submitted: int = 0
+    wrapped: int = 0  # submissions that ran past the end of the timeline (restarted at 0)
+    task: asyncio.Task[None] | None = None
+    sender: asyncio.Task[None] | None = None
+
+
+def make_nodes(
+    pki: Pki, count: int, ssh_port: int, spread: int, hello_gpus: Any, interval: float
+) -> list[Node]:
+    nodes = []
+    for k in range(count):
+        name = f"bench-node-{k:04d}"
+        creds = pki.node(name)
+        cfg = AgentGatewayConfig(
+            address=f"127.0.0.1:{ssh_port}",
+            known_hosts=pki.ca.known_hosts,
+            key=creds.private_key,
+            certificate=creds.certificate,
+            connect_timeout_seconds=CONNECT_TIMEOUT / 2,
+            backoff_initial_seconds=0.2,
+            backoff_max_seconds=2.0,
+        )
+        hello = Hello(
+            agent_version=__version__,
+            node=name,
+            domain=name,
+            backend="simulated",
+            hostname=name,
+            interval_seconds=interval,
+            gpus=hello_gpus,
+        )
+        tunnel = Tunnel(cfg, node=name, hello=lambda h=hello: h)
+        stats = RecordingStats()
+        tunnel.stats = stats
+        nodes.append(Node(name, tunnel, stats, start=k % spread))
+    return nodes
+
+
+async def send_loop(
+    node: Node, timeline: Sequence[Snapshot], interval: float, first_at: float, seed: int
+) -> None:
+    """Submit the node's next snapshot every ``interval`` s (absolute schedule, no burst)."""
+    loop = asyncio.get_running_loop()
+    jitter = random.Random(seed)
+    base = timeline[0].timestamp
+    next_at = first_at
+    while True:
+        await asyncio.sleep(max(0.0, next_at - loop.time()))
+        position = node.start + node.submitted
+        if position >= len(timeline):
+            node.wrapped += 1
+        snapshot = timeline[position % len(timeline)]
+        stamp = base + DATA_STEP * position + jitter.uniform(0, TIMESTAMP_JITTER)
+        node.tunnel.submit(dataclasses.replace(snapshot, timestamp=stamp))
+        node.submitted += 1
+        next_at += interval
+        if next_at < loop.time():  # this process fell behind: do not burst
+            next_at = loop.time() + interval
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def spread_line(values: Sequence[float], fmt: str = ".0f") -> str:
+    if not values:
+        return "n/a"
+    return (
+        f"median {statistics.median(values):{fmt}}  p95 {pct(values, 0.95):{fmt}}  "
+        f"max {max(values):{fmt}}"
+    )
+
+
+def label(text: str) -> str:
+    return f"  {text:<46}"
+
+
+@dataclass
+class Window:
+    wall: float
+    cpu: ProcSample
+    gateway_batches: int
+    bytes_sent: list[int] = field(default_factory=list)
+    batches_sent: list[int] = field(default_factory=list)
+    wrapped: int = 0
+    bench_cpu: float = 0.0
+
+
+async def take(gw: GatewayProcess, client: GatewayClient, nodes: Sequence[Node]) -> Window:
+    batches = await client.batches()
+    cpu = gw.sample()  # right after the count: the window holds one API read, no more
+    return Window(
+        wall=time.monotonic(),
+        cpu=cpu,
+        gateway_batches=batches,
+        bytes_sent=[n.stats.bytes_sent for n in nodes],
+        batches_sent=[n.stats.batches_sent for n in nodes],
+        wrapped=sum(n.wrapped for n in nodes),
+        bench_cpu=time.process_time(),
+    )
+
+
+async def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    gw: GatewayProcess,
+    poll: float = 0.1,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        gw.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> None:
+    t_setup = time.monotonic()
+    per_node = args.warmup + 3 + math.ceil(args.seconds / args.interval) + 5
+    timeline = make_snapshots(args.gpus, args.processes_per_gpu, args.spread + per_node)
+    series = len(timeline[0].samples)
+    pki = make_pki(tmp)
+    ssh_port, http_port = free_ports(2)
+    cfg = gateway_config(pki, ssh_port=ssh_port)
+    cfg = dataclasses.replace(
+        cfg, log_level="info", http=dataclasses.replace(cfg.http, listen=f"127.0.0.1:{http_port}")
+    )
+    config_path = tmp / "gateway.toml"
+    config_path.write_text(gateway_toml(cfg))
+    if load_gateway_config(config_path, {}) != cfg:
+        raise BenchError(f"{config_path} does not read back as the config it was written from")
+    nodes = make_nodes(pki, args.nodes, ssh_port, args.spread, timeline[0].gpus, args.interval)
+    setup_seconds = time.monotonic() - t_setup
+
+    print(
+        f"setup: {args.nodes} nodes x {args.gpus} simulated GPUs ({args.processes_per_gpu} "
+        f"processes per GPU, {series} series per node), one batch per node every "
+        f"{args.interval:g} s carrying data {DATA_STEP:g} s apart; node k replays a "
+        f"{len(timeline)}-collection timeline from collection k mod {args.spread}"
+    )
+    print(
+        f"       measurement window {args.seconds:g} s after {args.warmup} warm-up batches per "
+        f"node; idle window {args.idle_seconds:g} s; gateway pid in its own process, "
+        f"SSH 127.0.0.1:{ssh_port}, HTTP 127.0.0.1:{http_port}; PKI, certificates and "
+        f"data prepared in {setup_seconds:.1f} s"
+    )
+
+    gw = GatewayProcess(config_path, tmp / "gateway.log", http_port)
+    client = GatewayClient(gw.url)
+    try:
+        gw.start()
+        deadline = time.monotonic() + 30
+        while not await client.ready():
+            gw.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError("the gateway did not become ready within 30 s")
+            await asyncio.sleep(0.1)
+        await measure(args, gw, client, nodes, timeline)
+    except BaseException:
+        tail = gw.log_tail()
+        if tail:
+            print(f"--- gateway log ({gw.log}), last lines ---\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        await stop_agents(nodes)
+        await client.close()
+        status = gw.stop()
+        if status not in (0, None, -signal.SIGTERM):
+            print(f"gateway exited with status {status}", file=sys.stderr)
+
+
+async def stop_agents(nodes: Sequence[Node]) -> None:
+    tasks = [t for n in nodes for t in (n.sender, n.task) if t is not None]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT)
+
+
+async def measure(
+    args: argparse.Namespace,
+    gw: GatewayProcess,
+    client: GatewayClient,
+    nodes: list[Node],
+    timeline: Sequence[Snapshot],
+) -> None:
+    n = len(nodes)
+    loop = asyncio.get_running_loop()
+
+    # 1. connect every node: HELLO only, no data yet
+    t0 = time.monotonic()
+    for node in nodes:
+        node.task = asyncio.create_task(node.tunnel.run(), name=f"tunnel {node.name}")
+    await wait_until(
+        lambda: all(node.stats.connected for node in nodes),
+        CONNECT_TIMEOUT,
+        f"all {n} nodes to connect",
+        gw,
+    )
+    connect_seconds = time.monotonic() - t0
+    channels = 0.0
+    deadline = time.monotonic() + 10
+    while channels != n:  # the gauge is refreshed by the gateway's 1 s tick
+        gw.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"the gateway reports {channels:.0f} channels, not {n}")
+        await asyncio.sleep(0.25)
+        channels = metric(await client.metrics(), "gpurelay_gateway_channels")
+    await asyncio.sleep(SETTLE_SECONDS)
+    connects = sum(node.stats.connects for node in nodes)
+    print(f"connect: {n} nodes connected in {connect_seconds:.1f} s ({connects} connects)")
+
+    # 2. idle window: connected, nothing sent (the 1 s tick, keepalives, one API read)
+    idle0 = await take(gw, client, nodes)
+    await asyncio.sleep(args.idle_seconds)
+    idle1 = await take(gw, client, nodes)
+    if idle1.gateway_batches != idle0.gateway_batches:
+        raise BenchError("batches arrived during the idle window")
+
+    # 3. send; skip each node's first batch (DECLARE + full) and the warm-up batches
+    first_at = loop.time() + 0.1
+    for k, node in enumerate(nodes):
+        phase = args.interval * k / n
+        node.sender = asyncio.create_task(
+            send_loop(node, timeline, args.interval, first_at + phase, seed=k),
+            name=f"sender {node.name}",
+        )
+    await wait_until(
+        lambda: min(node.stats.batches_sent for node in nodes) >= 1 + args.warmup,
+        (args.warmup + 2) * args.interval + 60,
+        f"every node to send {1 + args.warmup} batches",
+        gw,
+    )
+
+    # 4. measurement window
+    w0 = await take(gw, client, nodes)
+    await asyncio.sleep(args.seconds)
+    w1 = await take(gw, client, nodes)
+
+    # 5. stop sending, let the acks drain, cross-check the gateway's own counters
+    for node in nodes:
+        if node.sender is not None:
+            node.sender.cancel()
+    await wait_until(
+        lambda: all(node.stats.acked_seq >= node.stats.batches_sent for node in nodes),
+        DRAIN_TIMEOUT,
+        "the last acknowledgements",
+        gw,
+    )
+    await asyncio.sleep(1.2)  # one gateway tick: its own counters catch up
+    text = await client.metrics()
+    api_batches = await client.batches()
+
+    report(args, nodes, idle0, idle1, w0, w1, text, api_batches)
+
+
+def report(
+    args: argparse.Namespace,
+    nodes: Sequence[Node],
+    idle0: Window,
+    idle1: Window,
+    w0: Window,
+    w1: Window,
+    text: str,
+    api_batches: int,
+) -> None:
+    wall = w1.wall - w0.wall
+    batches = w1.gateway_batches - w0.gateway_batches
+    cpu = w1.cpu.cpu_seconds - w0.cpu.cpu_seconds
+    idle_wall = idle1.wall - idle0.wall
+    idle_cpu = idle1.cpu.cpu_seconds - idle0.cpu.cpu_seconds
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    if batches <= 0:
+        raise BenchError("the gateway applied no batch in the measurement window")
+    cpu_us = cpu / batches * 1e6
+    verdict = "meets" if cpu_us <= CPU_TARGET_US else "MISSES"
+
+    per_node: list[float] = []
+    total_bytes = total_batches = 0
+    for i in range(len(nodes)):
+        sent = w1.batches_sent[i] - w0.batches_sent[i]
+        nbytes = w1.bytes_sent[i] - w0.bytes_sent[i]
+        if sent > 0:
+            per_node.append(nbytes / sent)
+            total_bytes += nbytes
+            total_batches += sent
+    bytes_p95 = pct(per_node, 0.95) if per_node else math.inf
+    bytes_verdict = "meets" if bytes_p95 <= BYTES_TARGET else "MISSES"
+
+    hellos = [s.stats.first_frames[0] for s in nodes if s.stats.first_frames]
+    firsts = [sum(s.stats.first_frames[1:]) for s in nodes if len(s.stats.first_frames) > 1]
+    shapes = {len(s.stats.first_frames) for s in nodes}
+    declares = [s.stats.first_frames[1] for s in nodes if len(s.stats.first_frames) == 3]
+    fulls = [s.stats.first_frames[2] for s in nodes if len(s.stats.first_frames) == 3]
+
+    latencies: list[float] = []
+    for i, node in enumerate(nodes):
+        for seq in range(w0.batches_sent[i] + 1, w1.batches_sent[i] + 1):
+            sent_at, acked_at = node.stats.sent_at.get(seq), node.stats.acked_at.get(seq)
+            if sent_at is not None and acked_at is not None:
+                latencies.append((acked_at - sent_at) * 1000)
+
+    print(f"measurement window: {wall:.1f} s")
+    print(
+        label("batches applied by the gateway")
+        + f"{batches} ({batches / wall:.1f} batches/s; {args.nodes / args.interval:.1f} offered)"
+    )
+    print(label("(a) gateway CPU per batch") + f"{cpu_us:.0f} us   ({verdict} target <= 100 us)")
+    print(
+        label("    gateway CPU in the window")
+        + f"{cpu * 1000:.0f} ms = {cpu / wall * 100:.1f}% of one core "
+        f"(utime+stime, {tick_ms:.0f} ms ticks; nothing subtracted)"
+    )
+    print(
+        label("    idle baseline, equal window")
+        + f"{idle_cpu * 1000:.0f} ms over {idle_wall:.1f} s = "
+        f"{idle_cpu / idle_wall * 100:.1f}% of one core "
+        f"(= {idle_cpu / batches * 1e6:.0f} us per measured batch); {args.nodes} nodes "
+        "connected, not sending"
+    )
+    print(
+        label("    gateway RSS") + f"{w1.cpu.rss_kib / 1024:.1f} MiB (after the idle window "
+        f"{idle1.cpu.rss_kib / 1024:.1f} MiB)"
+    )
+    print(
+        label("(b) bytes per steady-state batch, per node")
+        + f"{spread_line(per_node)} bytes   ({bytes_verdict} target <= {BYTES_TARGET})"
+    )
+    print(
+        label("    fleet mean")
+        + f"{total_bytes / max(total_batches, 1):.0f} bytes over {total_batches} batches "
+        "(after the wire's deflate; SSH framing/MAC not included)"
+    )
+    if hellos:
+        print(label("    HELLO frame") + f"{spread_line(hellos)} bytes")
+    if declares and len(shapes) == 1:
+        print(label("    first DECLARE frame (every series)") + f"{spread_line(declares)} bytes")
+        print(label("    first BATCH frame (full)") + f"{spread_line(fulls)} bytes")
+    if firsts:
+        print(
+            label("    first batch after HELLO (DECLARE + full)") + f"{spread_line(firsts)} bytes"
+        )
+    print(
+        label("ack latency (write -> ack seen by agent)")
+        + (f"{spread_line(latencies, '.1f')} ms" if latencies else "n/a")
+    )
+    bench_cpu = w1.bench_cpu - w0.bench_cpu
+    print(
+        label("agents' process CPU per batch (context)")
+        + f"{bench_cpu / max(total_batches, 1) * 1e6:.0f} us "
+        f"({bench_cpu / wall * 100:.1f}% of one core for all {args.nodes} agents)"
+    )
+
+    sent = sum(node.stats.batches_sent for node in nodes)
+    acked = sum(node.stats.acked_seq for node in nodes)
+    bytes_sent = sum(node.stats.bytes_sent for node in nodes)
+    counter = metric(text, "gpurelay_gateway_batches_total")
+    received = metric(text, "gpurelay_gateway_received_bytes_total")
+    duplicates = metric(text, "gpurelay_gateway_duplicate_batches_total")
+    errors = metric_sum(text, "gpurelay_gateway_protocol_errors_total")
+    replaced = metric(text, "gpurelay_gateway_replaced_connections_total")
+    connects = sum(node.stats.connects for node in nodes)
+    wrapped = w1.wrapped - w0.wrapped
+    consistent = sent == acked == api_batches == counter and bytes_sent == received
+    print(
+        f"check: agents sent {sent} batches ({bytes_sent} bytes), acked {acked}; gateway "
+        f"counted {api_batches} (API) / {counter:.0f} (gpurelay_gateway_batches_total), "
+        f"received {received:.0f} bytes; duplicates {duplicates:.0f}, protocol errors "
+        f"{errors:.0f}, replaced connections {replaced:.0f}, connects {connects}"
+        + ("" if consistent else "  <-- MISMATCH")
+    )
+    if wrapped:
+        print(f"note: {wrapped} batches in the window restarted the data timeline (a jump back)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--processes-per-gpu", type=int, default=4)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between batches")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measurement window")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=None, help="idle window (default: --seconds)"
+    )
+    parser.add_argument("--warmup", type=int, default=5, help="batches skipped after the first")
+    parser.add_argument(
+        "--spread", type=int, default=30, help="node k starts at collection k mod SPREAD"
+    )
+    args = parser.parse_args()
+    if args.idle_seconds is None:
+        args.idle_seconds = args.seconds
+    if args.nodes < 1 or args.interval <= 0 or args.seconds <= 0 or args.spread < 1:
+        parser.error("--nodes and --spread must be >= 1, --interval and --seconds > 0")
+    print(
+        f"gateway ingest over real SSH on loopback: python {sys.version.split()[0]} on "
+        f"{os.uname().machine}, {os.cpu_count()} CPUs"
+    )
+    with tempfile.TemporaryDirectory(prefix="gateway-ingest-") as tmp:
+        try:
+            asyncio.run(run(args, Path(tmp)))
+        except BenchError as exc:
+            print(f"gateway_ingest: error: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
