@@ -280,27 +280,30 @@ class GatewayClient:
 
 
 class RecordingStats(TunnelStats):
-    """``TunnelStats`` that also notes when each batch was written and acknowledged, and
-    the size of every frame before the first batch (HELLO, DECLARE, full BATCH).
+    """``TunnelStats`` that also notes when each batch was written and each acknowledgement
+    arrived, and the size of every frame before the first batch (HELLO, DECLARE, BATCH).
 
     The tunnel only ever assigns to its public ``stats`` fields, so watching those
-    assignments needs nothing private. Seq n is the tunnel's n-th batch (the encoder
-    starts at seq 1 and the counter at 0, and neither is reset by a reconnect).
+    assignments needs nothing private. The gateway acknowledges every batch, in order, on
+    the channel it came by: without a reconnect, the n-th acknowledgement is the n-th batch
+    (the sequence numbers themselves start wherever the tunnel chooses).
     """
 
     def __init__(self) -> None:
-        self.sent_at: dict[int, float] = {}
-        self.acked_at: dict[int, float] = {}
+        self.sent_at: list[float] = []
+        self.acked_at: list[float] = []
         self.first_frames: list[int] = []
         super().__init__()
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "bytes_sent" and getattr(self, "batches_sent", 1) == 0:
-            self.first_frames.append(value - self.bytes_sent)
-        elif name == "batches_sent" and value:
-            self.sent_at[value] = time.monotonic()
-        elif name == "acked_seq" and value > getattr(self, "acked_seq", value):
-            self.acked_at[value] = time.monotonic()
+        seen = self.__dict__
+        if name in seen:  # an update by the tunnel, not the dataclass __init__
+            if name == "bytes_sent" and seen["batches_sent"] == 0:
+                self.first_frames.append(value - seen["bytes_sent"])
+            elif name == "batches_sent" and value > seen[name]:
+                self.sent_at.append(time.monotonic())
+            elif name == "acked_seq" and value > seen[name]:
+                self.acked_at.append(time.monotonic())
         super().__setattr__(name, value)
 
 
@@ -562,7 +565,7 @@ async def measure(
         if node.sender is not None:
             node.sender.cancel()
     await wait_until(
-        lambda: all(node.stats.acked_seq >= node.stats.batches_sent for node in nodes),
+        lambda: all(len(node.stats.acked_at) >= node.stats.batches_sent for node in nodes),
         DRAIN_TIMEOUT,
         "the last acknowledgements",
         gw,
@@ -613,12 +616,13 @@ def report(
     declares = [s.stats.first_frames[1] for s in nodes if len(s.stats.first_frames) == 3]
     fulls = [s.stats.first_frames[2] for s in nodes if len(s.stats.first_frames) == 3]
 
+    connects = sum(node.stats.connects for node in nodes)
     latencies: list[float] = []
-    for i, node in enumerate(nodes):
-        for seq in range(w0.batches_sent[i] + 1, w1.batches_sent[i] + 1):
-            sent_at, acked_at = node.stats.sent_at.get(seq), node.stats.acked_at.get(seq)
-            if sent_at is not None and acked_at is not None:
-                latencies.append((acked_at - sent_at) * 1000)
+    if connects == len(nodes):  # no reconnect: the n-th ack is for the n-th batch
+        for i, node in enumerate(nodes):
+            sent_at, acked_at = node.stats.sent_at, node.stats.acked_at
+            for b in range(w0.batches_sent[i], min(w1.batches_sent[i], len(acked_at))):
+                latencies.append((acked_at[b] - sent_at[b]) * 1000)
 
     print(f"measurement window: {wall:.1f} s")
     print(
@@ -672,14 +676,13 @@ def report(
     )
 
     sent = sum(node.stats.batches_sent for node in nodes)
-    acked = sum(node.stats.acked_seq for node in nodes)
+    acked = sum(len(node.stats.acked_at) for node in nodes)
     bytes_sent = sum(node.stats.bytes_sent for node in nodes)
     counter = metric(text, "gpurelay_gateway_batches_total")
     received = metric(text, "gpurelay_gateway_received_bytes_total")
     duplicates = metric(text, "gpurelay_gateway_duplicate_batches_total")
     errors = metric_sum(text, "gpurelay_gateway_protocol_errors_total")
     replaced = metric(text, "gpurelay_gateway_replaced_connections_total")
-    connects = sum(node.stats.connects for node in nodes)
     wrapped = w1.wrapped - w0.wrapped
     consistent = sent == acked == api_batches == counter and bytes_sent == received
     print(
