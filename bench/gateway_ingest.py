@@ -63,7 +63,7 @@ from edge_agent import __version__, simhost
 from edge_agent.app import Backend, build_pipeline
 from edge_agent.config import GatewayConfig as AgentGatewayConfig
 from edge_agent.config import load as load_agent_config
-from edge_agent.model import Snapshot
+from edge_agent.model import GpuInventory, Snapshot
 from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.tunnel import Tunnel, TunnelStats
 from edge_agent.wire import Hello
@@ -320,7 +320,12 @@ class Node:
 
 
 def make_nodes(
-    pki: Pki, count: int, ssh_port: int, spread: int, hello_gpus: Any, interval: float
+    pki: Pki,
+    count: int,
+    ssh_port: int,
+    spread: int,
+    hello_gpus: tuple[GpuInventory, ...],
+    interval: float,
 ) -> list[Node]:
     nodes = []
     for k in range(count):
@@ -719,12 +724,14 @@ def main() -> int:
         f"gateway ingest over real SSH on loopback: python {sys.version.split()[0]} on "
         f"{os.uname().machine}, {os.cpu_count()} CPUs"
     )
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gateway-ingest-") as tmp:
         try:
             asyncio.run(run(args, Path(tmp)))
-        except BenchError as exc:
+        except (BenchError, httpx.HTTPError) as exc:
             print(f"gateway_ingest: error: {exc}", file=sys.stderr)
             return 1
+    print(f"total run time {time.monotonic() - started:.0f} s")
     return 0
 
 

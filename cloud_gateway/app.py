@@ -21,11 +21,13 @@ from aiohttp import web
 
 from cloud_gateway.auth_policy import load_trusted_cas
 from cloud_gateway.config import GatewayConfig
+from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http_api import HttpState, make_app
 from cloud_gateway.ingest import Ingest
+from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.ssh_server import CertificatePolicy, SshServer
@@ -68,12 +70,24 @@ class Gateway:
         )
         self.exposition = Exposition(self.registry)
         self.ingest = Ingest(self.registry, clock=clock)
+        self.endpoints = EndpointTable(
+            is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None
+        )
+        self.proxy = Proxy(
+            self.registry, self.endpoints, timeout=cfg.http.proxy_timeout_seconds, clock=clock
+        )
         self.http = HttpState(
             registry=self.registry,
             exposition=self.exposition,
             tokens=cfg.api_tokens(),
             protect_metrics=cfg.http.protect_metrics,
             clock=clock,
+            endpoints=self.endpoints,
+            proxy=self.proxy,
+            proxy_tokens=frozenset(cfg.http.proxy_tokens) or None,
+            sd_tokens=frozenset(cfg.http.sd_tokens) or None,
+            protect_proxy=cfg.http.protect_proxy,
+            protect_sd=cfg.http.protect_sd,
         )
         self.ssh: SshServer | None = None
         self.runner: web.AppRunner | None = None
@@ -100,6 +114,7 @@ class Gateway:
                 max_frame_bytes=cfg.ssh.max_frame_bytes, max_series=cfg.ssh.max_series_per_node
             ),
             login_timeout=cfg.ssh.login_timeout_seconds,
+            endpoints=self.endpoints,
         )
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")
         self.ssh_port = await self.ssh.start(ssh_host, ssh_port)

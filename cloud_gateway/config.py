@@ -45,6 +45,14 @@ class HttpConfig:
     tokens: tuple[str, ...] = ()  # bearer tokens accepted on /api/*
     token_files: tuple[Path, ...] = ()  # files holding one token each (e.g. operator.token)
     protect_metrics: bool = False  # require a token on /metrics and /v1/collect too
+    # The proxy (forward proxy and /proxy/...) and /api/v1/sd: protected by default, with
+    # their own tokens if given, else the API tokens (Prometheus sends them as
+    # `authorization` in its scrape/SD config, or as the password in proxy_url).
+    protect_proxy: bool = True
+    proxy_tokens: tuple[str, ...] = ()
+    protect_sd: bool = True
+    sd_tokens: tuple[str, ...] = ()
+    proxy_timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)

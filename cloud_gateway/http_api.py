@@ -7,6 +7,8 @@ how to open it. ``/metrics`` and ``/v1/collect`` are open unless ``http.protect_
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hmac
 import time
@@ -15,8 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
+from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Exposition, bie_document
 from cloud_gateway.openapi import OPENAPI
+from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
 from edge_agent.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 
@@ -33,6 +37,13 @@ class HttpState:
     clock: Callable[[], float] = time.time
     ready: bool = False
     requests: dict[str, int] = dataclasses.field(default_factory=dict)
+    endpoints: EndpointTable = dataclasses.field(default_factory=EndpointTable)
+    proxy: Proxy | None = None
+    # None: same tokens as /api; () with protect_*=False: open.
+    proxy_tokens: frozenset[str] | None = None
+    sd_tokens: frozenset[str] | None = None
+    protect_proxy: bool = True
+    protect_sd: bool = True
 
 
 STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
@@ -42,23 +53,44 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def _authorised(request: web.Request, tokens: frozenset[str]) -> web.Response | None:
+def _presented_token(request: web.Request, *, proxy: bool) -> str:
+    """The bearer token, or for a forward proxy also the Basic password in
+    Proxy-Authorization (what Prometheus sends for proxy_url http://user:TOKEN@gateway)."""
+    headers = ("Proxy-Authorization", "Authorization") if proxy else ("Authorization",)
+    for header in headers:
+        scheme, _, value = request.headers.get(header, "").partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        if proxy and scheme.lower() == "basic" and value.strip():
+            try:
+                decoded = base64.b64decode(value.strip(), validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                continue
+            return decoded.partition(":")[2]
+    return ""
+
+
+def _authorised(
+    request: web.Request,
+    tokens: frozenset[str],
+    *,
+    what: str = "the operator API",
+    proxy: bool = False,
+    setting: str = "http.tokens or http.token_files",
+) -> web.Response | None:
     """None when the request may pass, else the 401/403 response to send."""
     if not tokens:
         return _error(
-            403,
-            "the operator API is closed: no tokens are configured on the "
-            "gateway (set http.tokens or http.token_files)",
+            403, f"{what} is closed: no tokens are configured on the gateway (set {setting})"
         )
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = _presented_token(request, proxy=proxy)
+    if not token:
         return _error(
             401,
             "missing bearer token: send 'Authorization: Bearer <token>'",
             **{"WWW-Authenticate": 'Bearer realm="cloud-gateway"'},
         )
-    given = token.strip().encode()
+    given = token.encode()
     if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
         return _error(403, "the bearer token was not accepted")
     return None
@@ -67,17 +99,91 @@ def _authorised(request: web.Request, tokens: frozenset[str]) -> web.Response | 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
+    if request.message.url.is_absolute():  # forward-proxy form: GET http://NODE:PORT/...
+        return await forward_proxy(request)
     path = request.path
     endpoint = "/" + path.split("/")[1]  # "/metrics", "/api", ...
     state.requests[endpoint] = state.requests.get(endpoint, 0) + 1
-    needs = path.startswith("/api/") or (
+    refusal = None
+    if path == "/api/v1/sd":
+        if state.protect_sd:
+            tokens = state.tokens if state.sd_tokens is None else state.sd_tokens
+            refusal = _authorised(
+                request, tokens, what="service discovery", setting="http.sd_tokens or http.tokens"
+            )
+    elif path.startswith("/proxy/"):
+        if state.protect_proxy:
+            tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
+            refusal = _authorised(
+                request, tokens, what="the proxy", setting="http.proxy_tokens or http.tokens"
+            )
+    elif path.startswith("/api/") or (
         state.protect_metrics and path in ("/metrics", "/v1/collect")
-    )
-    if needs:
+    ):
         refusal = _authorised(request, state.tokens)
+    if refusal is not None:
+        return refusal
+    return await handler(request)
+
+
+async def forward_proxy(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    state.requests["proxy"] = state.requests.get("proxy", 0) + 1
+    url = request.message.url
+    if state.protect_proxy:
+        tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
+        refusal = _authorised(
+            request,
+            tokens,
+            what="the proxy",
+            proxy=True,
+            setting="http.proxy_tokens or http.tokens",
+        )
         if refusal is not None:
             return refusal
-    return await handler(request)
+    if url.scheme != "http" or not url.host:
+        return web.Response(
+            status=400, text=f"only http://NODE:PORT/ URLs are proxied, not {url.scheme}://\n"
+        )
+    assert state.proxy is not None
+    return await state.proxy.relay(request, url.host, url.port or 80, url.raw_path_qs)
+
+
+async def path_proxy(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    node = request.match_info["node"]
+    port_text = request.match_info["port"]
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        return web.Response(status=400, text=f"port {port_text!r} is not a number 1..65535\n")
+    path = "/" + request.match_info["path"]
+    if request.query_string:
+        path += "?" + request.query_string
+    assert state.proxy is not None
+    return await state.proxy.relay(request, node, int(port_text), path)
+
+
+async def service_discovery(request: web.Request) -> web.Response:
+    """Prometheus http_sd: one target group per published endpoint of every online node."""
+    state = request.app[STATE]
+    now = state.clock()
+    groups = []
+    for view in state.registry.nodes(now):
+        if view.state == "offline":
+            continue
+        for endpoint in state.endpoints.published_via(view.name):
+            groups.append(
+                {
+                    "targets": [endpoint.target],
+                    "labels": {
+                        "node": endpoint.name,
+                        "via": view.name,
+                        "domain": view.domain or view.name,
+                        "agent_version": view.agent_version,
+                        "gpu_count": str(len(view.gpus)) if endpoint.name == view.name else "0",
+                    },
+                }
+            )
+    return web.json_response(groups)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -96,8 +202,12 @@ async def bie_collect(request: web.Request) -> web.Response:
     return web.json_response(bie_document(state.registry, state.clock()))
 
 
-def node_summary(view: NodeView, now: float) -> dict[str, Any]:
+def node_summary(
+    view: NodeView, now: float, endpoints: EndpointTable | None = None
+) -> dict[str, Any]:
+    published = endpoints.published_via(view.name) if endpoints is not None else []
     return {
+        "published": [e.target for e in published],
         "name": view.name,
         "state": view.state,
         "domain": view.domain or view.name,
@@ -118,8 +228,8 @@ def node_summary(view: NodeView, now: float) -> dict[str, Any]:
     }
 
 
-def node_detail(view: NodeView, now: float) -> dict[str, Any]:
-    doc = node_summary(view, now)
+def node_detail(view: NodeView, now: float, endpoints: EndpointTable) -> dict[str, Any]:
+    doc = node_summary(view, now, endpoints)
     doc["gpus"] = [dataclasses.asdict(g) for g in view.gpus]
     doc["recent_errors"] = [{"time": e.time, "message": e.message} for e in view.recent_errors]
     doc["last_disconnect_reason"] = view.last_disconnect_reason
@@ -136,7 +246,8 @@ async def list_nodes(request: web.Request) -> web.Response:
     views = state.registry.nodes(now, state=wanted)  # type: ignore[arg-type]
     if domain:
         views = [v for v in views if (v.domain or v.name) == domain]
-    return web.json_response({"now": now, "nodes": [node_summary(v, now) for v in views]})
+    nodes = [node_summary(v, now, state.endpoints) for v in views]
+    return web.json_response({"now": now, "nodes": nodes})
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -146,7 +257,7 @@ async def get_node(request: web.Request) -> web.Response:
     view = state.registry.node(name, now=now)
     if view is None:
         return _error(404, f"unknown node {name!r}")
-    return web.json_response(node_detail(view, now))
+    return web.json_response(node_detail(view, now, state.endpoints))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -173,4 +284,6 @@ def make_app(state: HttpState) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/api/v1/sd", service_discovery)
+    app.router.add_route("*", "/proxy/{node}/{port}/{path:.*}", path_proxy)
     return app

@@ -28,6 +28,7 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.auth_policy import check_user_certificate, describe
+from cloud_gateway.endpoints import EndpointTable, PublishedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from edge_agent.wire import (
     ErrorFrame,
@@ -89,10 +90,12 @@ class CertificatePolicy:
 
 
 class _ConnectionAuth(asyncssh.SSHServer):
-    """Per-connection auth callbacks; defaults refuse what they do not handle."""
+    """Per-connection callbacks: certificate auth, and remote forwards as published
+    endpoints. asyncssh's defaults refuse everything else (shells, local forwards...)."""
 
-    def __init__(self, policy: CertificatePolicy) -> None:
+    def __init__(self, policy: CertificatePolicy, endpoints: EndpointTable | None) -> None:
         self._policy = policy
+        self._endpoints = endpoints
         self._conn: asyncssh.SSHServerConnection | None = None
         self._username = ""
         self._reason = ""
@@ -142,6 +145,21 @@ class _ConnectionAuth(asyncssh.SSHServer):
     def auth_completed(self) -> None:
         self._authenticated = True
 
+    def server_requested(self, listen_host: str, listen_port: int) -> bool | PublishedListener:
+        """An agent offers NODE:PORT through its tunnel (an SSH remote forward)."""
+        if not self._authenticated or self._endpoints is None or self._conn is None:
+            return False
+        node = self._username
+        reason = self._endpoints.offer(
+            via=node, name=listen_host, port=listen_port, conn=self._conn
+        )
+        if reason is not None:
+            self._endpoints.refused += 1
+            node_log(node).warning("refused to publish %s:%d: %s", listen_host, listen_port, reason)
+            return False
+        node_log(node).info("publishes %s:%d", listen_host, listen_port)
+        return PublishedListener(self._endpoints, listen_host, listen_port, self._conn)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._authenticated and self._reason:
             self._policy.failures[self._reason] += 1
@@ -166,7 +184,9 @@ class SshServer:
         sessions: SessionFactory,
         limits: Limits,
         login_timeout: float = 30.0,
+        endpoints: EndpointTable | None = None,
     ) -> None:
+        self.endpoints = endpoints
         self._host_keys = host_keys
         self.policy = policy
         self._sessions = sessions
@@ -183,7 +203,7 @@ class SshServer:
             host,
             port,
             server_host_keys=keys,
-            server_factory=lambda: _ConnectionAuth(self.policy),
+            server_factory=lambda: _ConnectionAuth(self.policy, self.endpoints),
             process_factory=self._process,
             encoding=None,
             allow_scp=False,

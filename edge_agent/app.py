@@ -35,7 +35,7 @@ from edge_agent.errors import NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.sdnotify import notify
-from edge_agent.tunnel import Tunnel
+from edge_agent.tunnel import Published, Tunnel
 from edge_agent.wire import Hello
 from edge_agent.xid import XidWatcher
 
@@ -185,6 +185,19 @@ class Agent:
             gpus=snap.gpus if snap else (),
         )
 
+    def published_endpoints(self) -> list[Published]:
+        """The allowlist offered through the tunnel: our exporter, then the config's."""
+        assert self.pipeline is not None
+        node = self.pipeline.node
+        out = []
+        if self.cfg.publish_agent:
+            host = self.cfg.listen_host
+            local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            out.append(Published("edge-agent", node, self.port, local, self.port))
+        for p in self.cfg.publish:
+            out.append(Published(p.name, p.node or node, p.port, p.host, p.target))
+        return out
+
     async def startup(self) -> None:
         self.pipeline = build_pipeline(open_backend(self.cfg))
         self.pipeline.xid.start()
@@ -197,7 +210,12 @@ class Agent:
             "serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host, self.port
         )
         if self.cfg.gateway.address:
-            self.tunnel = Tunnel(self.cfg.gateway, node=self.pipeline.node, hello=self.hello)
+            self.tunnel = Tunnel(
+                self.cfg.gateway,
+                node=self.pipeline.node,
+                hello=self.hello,
+                publish=self.published_endpoints(),
+            )
             self.pipeline.collection.extra.append(self.tunnel.metrics)
             self.tunnel.submit(snapshot)
             self._tunnel_task = asyncio.create_task(self.tunnel.run(), name="tunnel")

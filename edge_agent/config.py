@@ -72,6 +72,25 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PublishConfig:
+    """One endpoint the gateway may reach through this agent's tunnel, as NODE:PORT.
+
+    ``node`` empty means this node; another name publishes a sibling machine of the edge
+    LAN under its own node name (this agent is then the gateway node of its domain).
+    """
+
+    name: str  # what it is, e.g. "node_exporter"
+    port: int  # the port Prometheus asks for: NODE:PORT
+    host: str = "127.0.0.1"  # where the agent connects on the edge side
+    target_port: int = 0  # default: the same as port
+    node: str = ""
+
+    @property
+    def target(self) -> int:
+        return self.target_port or self.port
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     node_name: str = ""
     domain: str = ""  # network domain reported to the gateway (default: the node name)
@@ -83,6 +102,10 @@ class AgentConfig:
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    # Endpoints reachable through the tunnel. The agent's own exporter is always offered
+    # (as NODE:<listen port>) unless publish_agent is false; nothing else is reachable.
+    publish_agent: bool = True
+    publish: tuple[PublishConfig, ...] = ()
 
     @property
     def listen_host(self) -> str:
@@ -127,6 +150,14 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("simulate.gpus must be between 0 and 64")
     if cfg.log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("log_level must be one of debug, info, warning, error")
+    seen: set[tuple[str, int]] = set()
+    for entry in cfg.publish:
+        if not (1 <= entry.port <= 65535 and 0 <= entry.target_port <= 65535):
+            raise ConfigError(f"publish {entry.name!r}: ports must be 1..65535")
+        key = (entry.node, entry.port)
+        if key in seen:
+            raise ConfigError(f"publish: {entry.node or 'this node'}:{entry.port} is listed twice")
+        seen.add(key)
     gw = cfg.gateway
     if gw.address:
         split_host_port(

@@ -109,6 +109,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     from_env = isinstance(value, _EnvString)
     if origin is tuple:
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        if dataclasses.is_dataclass(item):  # an array of tables: [[publish]]
+            if from_env or not isinstance(value, list):
+                raise SettingsError(f"{key} must be an array of tables ([[{key}]] in TOML)")
+            return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))  # type: ignore[arg-type]
         items = [v for v in value.split(",") if v.strip()] if from_env else value
         if not isinstance(items, list | tuple):
             raise SettingsError(f"{key} must be a list")

@@ -17,8 +17,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncssh
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
@@ -77,6 +78,17 @@ TUNNEL_FAMILIES = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Published:
+    """An endpoint offered to the gateway: NODE:PORT -> host:target_port on the edge."""
+
+    name: str
+    node: str
+    port: int
+    host: str
+    target_port: int
+
+
 class TunnelError(AgentError):
     """The session with the gateway failed; the tunnel reconnects after a backoff."""
 
@@ -94,6 +106,7 @@ class TunnelStats:
     bytes_sent: int = 0
     batches_sent: int = 0
     acked_seq: int = 0
+    proxy_refused: int = 0
     last_error: str = ""
     connected_since: float = 0.0
 
@@ -136,7 +149,9 @@ class Tunnel:
         node: str,
         hello: Callable[[], Hello],
         encoder: SnapshotEncoder | None = None,
+        publish: Sequence[Published] = (),
     ) -> None:
+        self._publish = tuple(publish)
         self._cfg = cfg
         self._node = node
         self._hello = hello
@@ -162,6 +177,7 @@ class Tunnel:
         sink.add("gpurelay_agent_gateway_sent_batches_total", (), st.batches_sent)
         sink.add("gpurelay_agent_gateway_sent_bytes_total", (), st.bytes_sent)
         sink.add("gpurelay_agent_gateway_acked_seq", (), st.acked_seq)
+        sink.add("gpurelay_agent_proxy_refused_total", (), st.proxy_refused)
 
     def submit(self, snapshot: Snapshot) -> None:
         """Hand over the newest collection; an older one not yet sent is superseded."""
@@ -232,6 +248,7 @@ class Tunnel:
             except asyncssh.Error as exc:
                 self.stats.fail("channel", str(exc))
                 raise TunnelError(f"gateway refused the telemetry channel: {exc}") from exc
+            await self._offer_endpoints(conn)
             self.stats.connected = True
             self.stats.connects += 1
             self.stats.connected_since = time.time()
@@ -240,6 +257,33 @@ class Tunnel:
                 await self._exchange(writer, reader)
             finally:
                 self.stats.connected = False
+
+    async def _offer_endpoints(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Offer each allowlisted endpoint as a remote forward. asyncssh refuses any
+        forwarded connection that matches none of them; count and log those refusals."""
+        for ep in self._publish:
+            try:
+                await conn.forward_remote_port(ep.node, ep.port, ep.host, ep.target_port)
+            except (asyncssh.Error, OSError) as exc:
+                self.stats.fail("publish", str(exc))
+                self.log.warning(
+                    "gateway refused to publish %s:%d (%s): %s", ep.node, ep.port, ep.name, exc
+                )
+        original = conn._process_forwarded_tcpip_open
+
+        def guarded(packet: Any) -> Any:
+            try:
+                return original(packet)
+            except asyncssh.ChannelOpenError:
+                self.stats.proxy_refused += 1
+                self.log.warning(
+                    "refused a connection from the gateway to an endpoint that is "
+                    "not published (%d refused so far)",
+                    self.stats.proxy_refused,
+                )
+                raise
+
+        conn._process_forwarded_tcpip_open = guarded  # type: ignore[method-assign]
 
     async def _exchange(
         self, writer: asyncssh.SSHWriter[bytes], reader: asyncssh.SSHReader[bytes]
