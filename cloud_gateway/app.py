@@ -10,6 +10,7 @@ agent, drains for ``drain_seconds``, then closes; signals only set the stop even
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -93,6 +94,8 @@ class Gateway:
         self.runner: web.AppRunner | None = None
         self.ssh_port = 0
         self.http_port = 0
+        self._last_revoked: object = None
+        self._last_revalidate = 0.0
 
     async def startup(self) -> None:
         cfg = self.cfg
@@ -161,6 +164,9 @@ class Gateway:
                 channels=self.ssh.channels,
                 bodies_built=self.exposition.bodies_built,
                 http_requests=self.http.requests,
+                proxy_requests=self.proxy.requests,
+                published=self.endpoints.count(),
+                publish_refused=self.endpoints.refused,
             )
         )
 
@@ -190,6 +196,12 @@ async def serve(cfg: GatewayConfig) -> None:
         loop.add_signal_handler(sig, gateway.stop.set)
     try:
         await gateway.startup()
+        # The registry holds many long-lived objects: freeze what exists and collect less
+        # often, so that a thousand agents declaring at once (after a gateway restart) do
+        # not trigger back-to-back full collections.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 20)
         await gateway.run()
     finally:
         await gateway.shutdown()

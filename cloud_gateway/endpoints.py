@@ -70,6 +70,9 @@ class EndpointTable:
     def ports(self, name: str) -> list[int]:
         return sorted(p for (n, p) in self._by_key if n == name)
 
+    def count(self) -> int:
+        return len(self._by_key)
+
     def names(self) -> set[str]:
         return {n for n, _ in self._by_key}
 

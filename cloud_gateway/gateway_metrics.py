@@ -47,6 +47,19 @@ BODIES = _family(
     "counter",
     "/metrics bodies (and their gzip) built; scrapes of an unchanged body share one.",
 )
+PROXY = _family(
+    "gpurelay_gateway_proxy_requests_total",
+    "counter",
+    "Scrapes relayed through a tunnel by node name, by HTTP status returned.",
+)
+PUBLISHED = _family(
+    "gpurelay_gateway_published_endpoints", "gauge", "NODE:PORT endpoints reachable now."
+)
+PUBLISH_REFUSED = _family(
+    "gpurelay_gateway_publish_refused_total",
+    "counter",
+    "Endpoints an agent offered that the gateway refused (name taken, invalid).",
+)
 HTTP = _family("gpurelay_gateway_http_requests_total", "counter", "HTTP requests, by endpoint.")
 
 
@@ -67,6 +80,9 @@ def gateway_families(
     channels: int,
     bodies_built: int,
     http_requests: Mapping[str, int],
+    proxy_requests: Mapping[int, int] | None = None,
+    published: int = 0,
+    publish_refused: int = 0,
 ) -> list[FamilySamples]:
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
@@ -85,4 +101,7 @@ def gateway_families(
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
         _by(HTTP, "endpoint", http_requests),
+        _by(PROXY, "code", {str(k): v for k, v in (proxy_requests or {}).items()}),
+        _one(PUBLISHED, published),
+        _one(PUBLISH_REFUSED, publish_refused),
     ]

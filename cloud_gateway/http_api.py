@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Exposition, bie_document
@@ -99,7 +100,7 @@ def _authorised(
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
-    if request.message.url.is_absolute():  # forward-proxy form: GET http://NODE:PORT/...
+    if _is_absolute_form(request):  # forward-proxy form: GET http://NODE:PORT/...
         return await forward_proxy(request)
     path = request.path
     endpoint = "/" + path.split("/")[1]  # "/metrics", "/api", ...
@@ -126,10 +127,17 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
+def _is_absolute_form(request: web.Request) -> bool:
+    """True for a proxy request line (``GET http://host:port/path``); aiohttp keeps the
+    request target as sent in ``raw_path``."""
+    target = request.raw_path
+    return target.startswith(("http://", "https://")) or request.method == "CONNECT"
+
+
 async def forward_proxy(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     state.requests["proxy"] = state.requests.get("proxy", 0) + 1
-    url = request.message.url
+    url = URL(request.raw_path)
     if state.protect_proxy:
         tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
         refusal = _authorised(

@@ -93,7 +93,7 @@ def _age(seconds: float | None) -> str:
 
 
 def render_table(nodes: list[dict[str, Any]], now: float) -> str:
-    header = ("NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT")
+    header = ("NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT", "PUBLISHED")
     rows = [header]
     for n in nodes:
         last = n.get("last_seen")
@@ -105,6 +105,7 @@ def render_table(nodes: list[dict[str, Any]], now: float) -> str:
                 str(n.get("gpu_count", 0)),
                 _age(now - last if isinstance(last, int | float) else None),
                 str(n.get("agent_version", "")),
+                ",".join(n.get("published", [])) or "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

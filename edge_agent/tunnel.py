@@ -75,6 +75,11 @@ TUNNEL_FAMILIES = (
         type="gauge",
         help="Highest batch sequence number the gateway acknowledged.",
     ),
+    Family(
+        name="gpurelay_agent_proxy_refused_total",
+        type="counter",
+        help="Connections from the gateway to endpoints that are not published, refused.",
+    ),
 )
 
 
@@ -264,7 +269,7 @@ class Tunnel:
         for ep in self._publish:
             try:
                 await conn.forward_remote_port(ep.node, ep.port, ep.host, ep.target_port)
-            except (asyncssh.Error, OSError) as exc:
+            except (asyncssh.Error, asyncssh.ChannelListenError, OSError) as exc:
                 self.stats.fail("publish", str(exc))
                 self.log.warning(
                     "gateway refused to publish %s:%d (%s): %s", ep.node, ep.port, ep.name, exc

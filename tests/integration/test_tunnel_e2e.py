@@ -96,7 +96,9 @@ async def test_nodes_cli_table_and_errors(
 
             assert await asyncio.to_thread(nodes) == 0
             out = capsys.readouterr().out
-            assert re.search(r"^edge-a\s+online\s+edge-a\s+1\s+\d+s ago\s+0\.1\.0$", out, re.M)
+            assert re.search(
+                r"^edge-a\s+online\s+edge-a\s+1\s+\d+s ago\s+0\.1\.0\s+edge-a:\d+$", out, re.M
+            )
             assert await asyncio.to_thread(nodes, token="bad") == 1
             assert "token was not accepted" in capsys.readouterr().err
             assert await asyncio.to_thread(nodes, gateway="http://127.0.0.1:9") == 1
