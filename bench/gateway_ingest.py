@@ -59,15 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.config import load as load_gateway_config
-from edge_agent import __version__, simhost
-from edge_agent.app import Backend, build_pipeline
+from edge_agent import __version__
 from edge_agent.config import GatewayConfig as AgentGatewayConfig
-from edge_agent.config import load as load_agent_config
 from edge_agent.model import GpuInventory, Snapshot
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.tunnel import Tunnel, TunnelStats
 from edge_agent.wire import Hello
-from tests.agent_support import FakeClock
+from tests.agent_support import simulated_snapshots
 from tests.gateway_support import TOKEN, Pki, gateway_config, make_pki
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,35 +82,10 @@ DRAIN_TIMEOUT = 10.0
 
 
 def make_snapshots(gpus: int, processes_per_gpu: int, count: int) -> list[Snapshot]:
-    """``count`` collections of one simulated node, 10 s of simulated time apart.
-
-    Like ``tests/agent_support.make_pipeline``, but with the collector's real timer (as
-    ``bench/wire_size.py``), so the agent's own duration series change from collection to
-    collection as they do in production instead of staying constant.
-    """
-    clock = FakeClock()
-    with tempfile.TemporaryDirectory(prefix="gateway-ingest-host-") as tmp:
-        pids = simhost.default_pids(gpus * processes_per_gpu, SEED)
-        host = simhost.build(Path(tmp), pids, SEED)
-        base = load_agent_config(None, {})
-        cfg = dataclasses.replace(
-            base,
-            node_name="edge-node-1",
-            attribution=simhost.attribution_config(host, base.attribution),
-        )
-        sim = SimulatedNvml(
-            gpus, seed=SEED, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
-        )
-        sim.nvmlInit()
-        pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=clock)
-        snapshots = []
-        try:
-            for _ in range(count):
-                snapshots.append(pipeline.collection.collect())
-                clock.advance(DATA_STEP)
-        finally:
-            pipeline.close()
-    return snapshots
+    """``count`` collections of one simulated node, DATA_STEP seconds of data apart."""
+    return simulated_snapshots(
+        gpus=gpus, processes_per_gpu=processes_per_gpu, count=count, step=DATA_STEP, seed=SEED
+    )
 
 
 # --- the gateway process ---------------------------------------------------------------------

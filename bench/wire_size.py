@@ -14,54 +14,27 @@ Run: .venv/bin/python bench/wire_size.py [--cycles 60] [--gpus 8] [--processes-p
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edge_agent import simhost
-from edge_agent.app import Backend, build_pipeline
-from edge_agent.config import load
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.model import Snapshot
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.wire import Batch, Declare, FrameDecoder, FrameEncoder, Hello
-from tests.agent_support import FakeClock
+from tests.agent_support import simulated_snapshots
 
 SEED = 7
 
 
 def collect(gpus: int, processes_per_gpu: int, cycles: int) -> list[Snapshot]:
-    """Like tests/agent_support.make_pipeline, but with the real collector timer."""
-    clock = FakeClock()
-    with tempfile.TemporaryDirectory() as tmp:
-        pids = simhost.default_pids(gpus * processes_per_gpu, SEED)
-        host = simhost.build(Path(tmp), pids, SEED)
-        base = load(None, {})
-        cfg = dataclasses.replace(
-            base,
-            node_name="edge-node-1",
-            attribution=simhost.attribution_config(host, base.attribution),
-        )
-        sim = SimulatedNvml(
-            gpus, seed=SEED, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
-        )
-        sim.nvmlInit()
-        pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=clock)
-        snapshots = []
-        try:
-            for _ in range(cycles):
-                snapshots.append(pipeline.collection.collect())
-                clock.advance(10)
-        finally:
-            pipeline.close()
-    return snapshots
+    return simulated_snapshots(
+        gpus=gpus, processes_per_gpu=processes_per_gpu, count=cycles, step=10, seed=SEED
+    )
 
 
 def _pct(values: list[float], q: float) -> float:

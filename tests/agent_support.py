@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edge_agent import simhost
 from edge_agent.app import Backend, Pipeline, build_pipeline
 from edge_agent.config import AgentConfig, load
+from edge_agent.model import Snapshot
 from edge_agent.nvml.simulator import SimulatedNvml
 
 FIXED_TIME = 1_790_000_000.0
@@ -45,6 +48,7 @@ def make_pipeline(
     processes_per_gpu: int = 4,
     clock: FakeClock | None = None,
     cfg: AgentConfig | None = None,
+    timer: Callable[[], float] | None = None,
 ) -> tuple[Pipeline, SimulatedNvml, FakeClock]:
     clock = clock or FakeClock()
     base = cfg or load(None, {})
@@ -59,8 +63,34 @@ def make_pipeline(
         gpus, seed=seed, mig=mig, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
     )
     sim.nvmlInit()
-    pipeline = build_pipeline(Backend(sim, "simulated", cfg), clock=clock, timer=FakeTimer())
+    pipeline = build_pipeline(
+        Backend(sim, "simulated", cfg), clock=clock, timer=timer or FakeTimer()
+    )
     return pipeline, sim, clock
+
+
+def simulated_snapshots(
+    *, gpus: int, processes_per_gpu: int, count: int, step: float = 10.0, seed: int = 7
+) -> list[Snapshot]:
+    """``count`` collections of one simulated node, ``step`` seconds of simulated time
+    apart, with the collector's real timer (so the agent's own duration series change from
+    collection to collection, as in production). For benchmarks."""
+    with tempfile.TemporaryDirectory(prefix="simulated-node-") as tmp:
+        pipeline, _sim, clock = make_pipeline(
+            Path(tmp),
+            gpus=gpus,
+            processes_per_gpu=processes_per_gpu,
+            seed=seed,
+            timer=time.perf_counter,
+        )
+        snapshots = []
+        try:
+            for _ in range(count):
+                snapshots.append(pipeline.collection.collect())
+                clock.advance(step)
+        finally:
+            pipeline.close()
+    return snapshots
 
 
 def lines_of(body: bytes) -> Iterator[str]:
