@@ -15,6 +15,7 @@ with three GPU instances. Faults and XID events are injected with
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import random
@@ -69,6 +70,7 @@ def _fail(code: int) -> NoReturn:
     raise pynvml.NVMLError(code)
 
 
+@functools.lru_cache(maxsize=65536)  # pure; process slots ask the same keys every cycle
 def _unit(*key: object) -> float:
     """A pseudo-random number in [0, 1) determined by ``key`` (the same in every run)."""
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
@@ -347,6 +349,8 @@ class SimulatedNvml:
 
     def _fault(self, function: str, gpu: int | None) -> int | None:
         """The first injected fault matching this call; raises if NVML is not initialised."""
+        if self._init_count and not self._faults:  # the common case, without the lock
+            return None
         with self._cond:
             if self._init_count == 0:
                 _fail(pynvml.NVML_ERROR_UNINITIALIZED)
