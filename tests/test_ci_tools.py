@@ -11,6 +11,7 @@ import pytest
 REQUIRED = [
     ("EDGE_GPU_RELAY_REQUIRE_PROMTOOL", "promtool", "prometheus"),
     ("EDGE_GPU_RELAY_REQUIRE_SSH_KEYGEN", "ssh-keygen", "openssh-client"),
+    ("EDGE_GPU_RELAY_REQUIRE_PROMETHEUS", "prometheus", "prometheus"),
 ]
 
 
