@@ -4,7 +4,9 @@ Two forms on the gateway's HTTP port: an HTTP forward proxy for Prometheus ``pro
 (request line ``GET http://NODE:PORT/metrics HTTP/1.1``) and the path form
 ``/proxy/{node}/{port}/{path}``. The gateway resolves NODE:PORT to the agent that
 published it, opens a ``forwarded-tcpip`` channel on that agent's SSH connection, sends
-the request as HTTP/1.0 (so the body ends with the channel) and streams the answer back.
+the request as HTTP/1.1 and streams the answer back (Content-Length, chunked or
+until-close framing); channels are kept open and reused for the next scrape of the same
+endpoint (keep-alive), so a scrape normally costs one tunnel round trip.
 
 Errors name the node and port in one line: unknown node 404, node offline 503 (with when
 it was last seen), port not published 403, upstream refused 502, upstream timeout 504.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -26,6 +28,7 @@ from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.registry import Registry
 
 MAX_HEADER_BYTES = 64 * 1024
+MAX_IDLE_PER_ENDPOINT = 4  # keep-alive channels kept open per NODE:PORT
 CHUNK = 65536
 # Not passed on: hop-by-hop headers and the credentials meant for the gateway itself.
 _DROP_REQUEST = frozenset(
@@ -71,6 +74,7 @@ class Proxy:
     timeout: float = 10.0
     clock: Callable[[], float] = time.time
     requests: Counter[int] = field(default_factory=Counter)
+    _idle: dict[tuple[str, int], list[_Channel]] = field(default_factory=dict)
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
         endpoint = self.endpoints.lookup(node, port)
@@ -120,11 +124,16 @@ class Proxy:
                 timeout = min(timeout, float(header))
         return timeout
 
-    async def _relay(
-        self, request: web.Request, node: str, port: int, path_qs: str, started: float
-    ) -> web.StreamResponse:
-        conn = self.resolve(node, port)
-        timeout = self._deadline(request)
+    async def _channel(
+        self, conn: asyncssh.SSHServerConnection, node: str, port: int, timeout: float
+    ) -> tuple[_Channel, bool]:
+        """An idle keep-alive channel to NODE:PORT on this connection, or a new one."""
+        idle = self._idle.get((node, port), [])
+        while idle:
+            channel = idle.pop()
+            if channel.conn is conn and not channel.reader.at_eof():
+                return channel, True
+            channel.writer.close()
         try:
             reader, writer = await asyncio.wait_for(conn.open_connection(node, port), timeout)
         except TimeoutError as exc:
@@ -133,48 +142,109 @@ class Proxy:
             raise ProxyError(502, f"{node}:{port} refused the connection: {exc.reason}") from exc
         except (OSError, asyncssh.Error) as exc:
             raise ProxyError(502, f"the tunnel to {node}:{port} failed: {exc}") from exc
-        try:
-            body = await request.read() if request.can_read_body else b""
-            writer.write(self._request_head(request, node, port, path_qs, len(body)) + body)
-            remaining = timeout - (time.monotonic() - started)
-            status, reason, headers, rest = await asyncio.wait_for(
-                _read_head(reader), max(remaining, 0.001)
+        return _Channel(conn, reader, writer), False
+
+    async def _relay(
+        self, request: web.Request, node: str, port: int, path_qs: str, started: float
+    ) -> web.StreamResponse:
+        conn = self.resolve(node, port)
+        timeout = self._deadline(request)
+        body = await request.read() if request.can_read_body else b""
+        head = self._request_head(request, node, port, path_qs, len(body)) + body
+        for _attempt in range(2):  # a pooled channel may have been closed by the upstream
+            channel, reused = await self._channel(conn, node, port, timeout)
+            try:
+                channel.writer.write(head)
+                remaining = timeout - (time.monotonic() - started)
+                upstream = _Buffered(channel.reader)
+                status, reason, headers = await asyncio.wait_for(
+                    upstream.head(), max(remaining, 0.001)
+                )
+            except TimeoutError as exc:
+                channel.writer.close()
+                raise ProxyError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
+            except (_BadUpstream, ConnectionError, asyncssh.Error) as exc:
+                channel.writer.close()
+                if reused:
+                    continue  # stale keep-alive channel: once more on a fresh one
+                raise ProxyError(502, f"{node}:{port} sent no valid HTTP response: {exc}") from exc
+            return await self._stream(
+                request,
+                channel,
+                upstream=upstream,
+                status=status,
+                reason=reason,
+                headers=headers,
+                node=node,
+                port=port,
+                started=started,
+                timeout=timeout,
             )
-            response = web.StreamResponse(status=status, reason=reason)
-            for name, value in headers:
-                if name.lower() not in _DROP_RESPONSE:
-                    response.headers.add(name, value)
+        raise ProxyError(502, f"{node}:{port} closed the connection")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        channel: _Channel,
+        *,
+        upstream: _Buffered,
+        status: int,
+        reason: str,
+        headers: list[tuple[str, str]],
+        node: str,
+        port: int,
+        started: float,
+        timeout: float,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, reason=reason)
+        lowered = {k.lower(): v for k, v in headers}
+        for name, value in headers:
+            if name.lower() not in _DROP_RESPONSE:
+                response.headers.add(name, value)
+        reusable = "close" not in lowered.get("connection", "").lower()
+        try:
             await response.prepare(request)
-            if rest:
-                await response.write(rest)
+            if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+                chunks = upstream.nothing()
+            elif "chunked" in lowered.get("transfer-encoding", "").lower():
+                chunks = upstream.chunked()
+            elif "content-length" in lowered:
+                chunks = upstream.exactly(int(lowered["content-length"]))
+            else:
+                reusable = False
+                chunks = upstream.until_eof()
             while True:
                 remaining = timeout - (time.monotonic() - started)
-                chunk = await asyncio.wait_for(reader.read(CHUNK), max(remaining, 0.001))
+                chunk = await asyncio.wait_for(anext(chunks, b""), max(remaining, 0.001))
                 if not chunk:
                     break
                 await response.write(chunk)
             await response.write_eof()
-            return response
         except TimeoutError as exc:
+            channel.writer.close()
             raise ProxyError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
-        except _BadUpstream as exc:
-            raise ProxyError(502, f"{node}:{port} sent an invalid HTTP response: {exc}") from exc
-        except (ConnectionError, asyncssh.Error) as exc:
-            raise ProxyError(502, f"{node}:{port} closed the connection: {exc}") from exc
-        finally:
-            writer.close()
+        except (ValueError, _BadUpstream, ConnectionError, asyncssh.Error) as exc:
+            channel.writer.close()
+            raise ProxyError(502, f"{node}:{port} broke off its response: {exc}") from exc
+        if reusable and upstream.clean():
+            idle = self._idle.setdefault((node, port), [])
+            if len(idle) < MAX_IDLE_PER_ENDPOINT:
+                idle.append(channel)
+                return response
+        channel.writer.close()
+        return response
 
     @staticmethod
     def _request_head(
         request: web.Request, node: str, port: int, path_qs: str, length: int
     ) -> bytes:
-        lines = [f"{request.method} {path_qs or '/'} HTTP/1.0", f"Host: {node}:{port}"]
+        lines = [f"{request.method} {path_qs or '/'} HTTP/1.1", f"Host: {node}:{port}"]
         for name, value in request.headers.items():
             if name.lower() not in _DROP_REQUEST:
                 lines.append(f"{name}: {value}")
         if length:
             lines.append(f"Content-Length: {length}")
-        lines.append("Connection: close")
+        lines.append("Connection: keep-alive")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -182,26 +252,89 @@ class _BadUpstream(Exception):
     pass
 
 
-async def _read_head(
-    reader: asyncssh.SSHReader[bytes],
-) -> tuple[int, str, list[tuple[str, str]], bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) > MAX_HEADER_BYTES:
-            raise _BadUpstream("headers larger than 64 KiB")
-        chunk = await reader.read(CHUNK)
+@dataclass
+class _Channel:
+    conn: asyncssh.SSHServerConnection
+    reader: asyncssh.SSHReader[bytes]
+    writer: asyncssh.SSHWriter[bytes]
+
+
+class _Buffered:
+    """HTTP/1.1 response framing over a channel: head, then the body as it is framed."""
+
+    def __init__(self, reader: asyncssh.SSHReader[bytes]) -> None:
+        self._reader = reader
+        self._buf = b""
+
+    async def _fill(self) -> None:
+        chunk = await self._reader.read(CHUNK)
         if not chunk:
-            raise _BadUpstream("connection closed before the headers ended")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise _BadUpstream(f"status line {lines[0][:80]!r}")
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise _BadUpstream(f"header line {line[:80]!r}")
-        headers.append((name.strip(), value.strip()))
-    return int(parts[1]), parts[2] if len(parts) > 2 else "", headers, rest
+            raise _BadUpstream("connection closed in the middle of a response")
+        self._buf += chunk
+
+    async def _line(self) -> bytes:
+        while b"\r\n" not in self._buf:
+            if len(self._buf) > MAX_HEADER_BYTES:
+                raise _BadUpstream("line longer than 64 KiB")
+            await self._fill()
+        line, _, self._buf = self._buf.partition(b"\r\n")
+        return line
+
+    async def head(self) -> tuple[int, str, list[tuple[str, str]]]:
+        while b"\r\n\r\n" not in self._buf:
+            if len(self._buf) > MAX_HEADER_BYTES:
+                raise _BadUpstream("headers larger than 64 KiB")
+            await self._fill()
+        head, _, self._buf = self._buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise _BadUpstream(f"status line {lines[0][:80]!r}")
+        headers = []
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise _BadUpstream(f"header line {line[:80]!r}")
+            headers.append((name.strip(), value.strip()))
+        return int(parts[1]), parts[2] if len(parts) > 2 else "", headers
+
+    async def nothing(self) -> AsyncIterator[bytes]:
+        return
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def exactly(self, length: int) -> AsyncIterator[bytes]:
+        if length < 0:
+            raise _BadUpstream("negative Content-Length")
+        while length > 0:
+            if not self._buf:
+                await self._fill()
+            piece, self._buf = self._buf[:length], self._buf[length:]
+            length -= len(piece)
+            yield piece
+
+    async def chunked(self) -> AsyncIterator[bytes]:
+        while True:
+            size_line = await self._line()
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError as exc:
+                raise _BadUpstream(f"chunk size {size_line[:20]!r}") from exc
+            if size == 0:
+                while await self._line():  # trailers, up to the empty line
+                    pass
+                return
+            async for piece in self.exactly(size):
+                yield piece
+            if await self._line() != b"":
+                raise _BadUpstream("chunk not followed by CRLF")
+
+    async def until_eof(self) -> AsyncIterator[bytes]:
+        if self._buf:
+            piece, self._buf = self._buf, b""
+            yield piece
+        while chunk := await self._reader.read(CHUNK):
+            yield chunk
+
+    def clean(self) -> bool:
+        """Nothing left over: the channel can carry the next request."""
+        return not self._buf

@@ -227,6 +227,7 @@ class Tunnel:
                     agent_path=None,
                     config=None,
                     keepalive_interval=self._cfg.keepalive_seconds,
+                    encryption_algs=list(self._cfg.ciphers),
                     keepalive_count_max=3,
                 ),
                 timeout=self._cfg.connect_timeout_seconds,

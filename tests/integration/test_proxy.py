@@ -148,3 +148,45 @@ async def test_a_node_cannot_publish_another_tunnel_nodes_name(tmp_path: Path) -
                 await wait_for(lambda: gw.endpoints.refused >= 1)
             endpoint = gw.endpoints.lookup("edge-b", b.port)
             assert endpoint is not None and endpoint.via == "edge-b"
+
+
+async def test_keep_alive_channels_are_reused_and_chunked_bodies_relayed(tmp_path: Path) -> None:
+    """Upstreams answer with Content-Length or chunked; channels carry many scrapes."""
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)  # no Content-Length: chunked on HTTP/1.1
+        for i in range(50):
+            await response.write(f"series_{i} {i}\n".encode())
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", chunked)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    expected = "".join(f"series_{i} {i}\n" for i in range(50))
+    pki = make_pki(tmp_path)
+    try:
+        async with running_gateway(gateway_config(pki)) as gw:
+            cfg = dataclasses.replace(
+                agent_config(pki, "edge-a", gw),
+                publish=(PublishConfig(name="chunky", port=9500, target_port=port),),
+            )
+            async with running_agent(cfg) as agent:
+                await wait_for(lambda: gw.endpoints.lookup("edge-a", 9500) is not None)
+                base = f"http://127.0.0.1:{gw.http_port}"
+                async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+                    for _ in range(5):
+                        r = await client.get("/proxy/edge-a/9500/metrics", headers=AUTH)
+                        assert r.status_code == 200 and r.text == expected
+                        r = await client.get(f"/proxy/edge-a/{agent.port}/healthz", headers=AUTH)
+                        assert r.status_code == 200 and r.text.startswith("ok")
+                assert gw.proxy.requests[200] == 10
+                # one channel per endpoint carried all five scrapes
+                assert [len(v) for v in gw.proxy._idle.values()] == [1, 1]
+    finally:
+        await runner.cleanup()
