@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
@@ -12,8 +11,7 @@ from cloud_gateway import __version__
 from cloud_gateway.cli_certs import add_certs_parser, run_certs
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.nodes_cli import add_nodes_parser, run_nodes
-
-LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+from edge_agent import logs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +30,7 @@ def _run(args: argparse.Namespace) -> int:
     from cloud_gateway.config import load
 
     cfg = load(args.config)
-    logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logs.setup(cfg.log_level)
     asyncio.run(serve(cfg))
     return 0
 

@@ -31,7 +31,7 @@ from edge_agent.collect import Collection
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import AgentConfig, resolve_node_name
-from edge_agent.errors import NvmlUnavailable
+from edge_agent.errors import AgentError, NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.sdnotify import notify
@@ -169,6 +169,8 @@ class Agent:
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.tunnel: Tunnel | None = None
+        self._wake = asyncio.Event()
+        self._next_at = 0.0
         self._tunnel_task: asyncio.Task[None] | None = None
 
     def hello(self) -> Hello:
@@ -223,17 +225,60 @@ class Agent:
             log.info("no gateway.address configured: serving locally only, not pushing")
         notify("READY=1")
 
+    def reload(self, new: AgentConfig) -> list[str]:
+        """Apply what is safe to change while running (log level, intervals); returns the
+        keys that need a restart. Called on SIGHUP with the re-read configuration."""
+        assert self.pipeline is not None
+        old = self.cfg
+        safe = {"log_level", "interval_seconds", "process_interval_seconds"}
+        restart = [
+            f.name
+            for f in dataclasses.fields(AgentConfig)
+            if f.name not in safe and getattr(old, f.name) != getattr(new, f.name)
+        ]
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.pipeline.collection.set_process_interval(new.process_interval_seconds)
+        self.cfg = dataclasses.replace(
+            old,
+            log_level=new.log_level,
+            interval_seconds=new.interval_seconds,
+            process_interval_seconds=new.process_interval_seconds,
+        )
+        self.published.max_age = max(3 * new.interval_seconds, 30.0)
+        self._next_at = time.monotonic() + new.interval_seconds
+        self._wake.set()
+        log.info(
+            "configuration reloaded: log level %s, interval %gs, process interval %gs%s",
+            new.log_level,
+            new.interval_seconds,
+            new.process_interval_seconds,
+            f"; restart to apply: {', '.join(restart)}" if restart else "",
+        )
+        return restart
+
+    async def _sleep_until(self, when: float) -> bool:
+        """Wait until ``when``; False if stopped, or woken early by a reload."""
+        self._wake.clear()
+        waiters = {
+            asyncio.create_task(self.stop.wait()),
+            asyncio.create_task(self._wake.wait()),
+        }
+        _done, pending = await asyncio.wait(
+            waiters, timeout=max(when - time.monotonic(), 0), return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in pending:
+            task.cancel()
+        return not self.stop.is_set() and not self._wake.is_set()
+
     async def run(self) -> None:
         assert self.pipeline is not None
-        interval = self.cfg.interval_seconds
-        next_at = time.monotonic() + interval
+        self._next_at = time.monotonic() + self.cfg.interval_seconds
         while not self.stop.is_set():
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), max(next_at - time.monotonic(), 0))
-                break
-            next_at += interval
-            if next_at < time.monotonic():  # fell behind (hung NVML call): do not burst
-                next_at = time.monotonic() + interval
+            if not await self._sleep_until(self._next_at):
+                continue  # stopped (the loop ends) or reloaded (_next_at was moved)
+            self._next_at += self.cfg.interval_seconds
+            if self._next_at < time.monotonic():  # fell behind (hung NVML call): no burst
+                self._next_at = time.monotonic() + self.cfg.interval_seconds
             snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
             self.published.publish(snapshot)
             if self.tunnel is not None:
@@ -253,11 +298,22 @@ class Agent:
         log.info("stopped")
 
 
-async def serve(cfg: AgentConfig) -> None:
+async def serve(cfg: AgentConfig, reload: Callable[[], AgentConfig] | None = None) -> None:
+    """Run until SIGINT/SIGTERM; SIGHUP re-reads the configuration through ``reload``."""
     agent = Agent(cfg)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, agent.stop.set)
+
+    def on_hup() -> None:
+        if reload is None or agent.pipeline is None:
+            return
+        try:
+            agent.reload(reload())
+        except AgentError as exc:
+            log.error("configuration not reloaded, keeping the running one: %s", exc)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
         await agent.startup()
         await agent.run()

@@ -6,20 +6,17 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from edge_agent import __version__
+from edge_agent import __version__, logs
 from edge_agent.bie import collect_document
 from edge_agent.config import AgentConfig, load, resolve_node_name
 from edge_agent.errors import AgentError, ConfigError
 from edge_agent.exposition import render_text
 from edge_agent.model import Snapshot
-
-LOG_FORMAT = "%(levelname)s node={node} %(name)s: %(message)s"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,14 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _config(args)
         node = resolve_node_name(cfg.node_name, os.environ)
-        fmt = LOG_FORMAT.format(node=node.replace("%", "%%"))
-        logging.basicConfig(level=cfg.log_level.upper(), format=fmt, stream=sys.stderr)
+        logs.setup(cfg.log_level, prefix=f"node={node}")
         if args.command == "once":
             _once(cfg, args.format)
         else:
             from edge_agent.app import serve
 
-            asyncio.run(serve(cfg))
+            asyncio.run(serve(cfg, reload=lambda: _config(args)))
     except AgentError as exc:
         print(f"edge-agent: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1

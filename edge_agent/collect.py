@@ -118,6 +118,9 @@ class Collection:
             gpus=tuple(gpus),
         )
 
+    def set_process_interval(self, seconds: float) -> None:
+        self._process_interval = seconds
+
     def _report_unsupported(self) -> None:
         """Once, after the first device pass: the fields this node cannot supply."""
         self.unsupported = self._device.report_unsupported()

@@ -216,3 +216,44 @@ def test_gateway_cli_errors_are_one_line(tmp_path: Path) -> None:
 
 
 _ = web  # aiohttp is the server under test
+
+
+def test_sighup_reloads_what_is_safe_and_names_the_rest(tmp_path: Path) -> None:
+    port = _free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'listen = "127.0.0.1:{port}"\ninterval_seconds = 30\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--simulate", "1", "--config", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def cycles() -> float:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        return next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("gpurelay_agent_collections_total ")
+        )
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = cycles()
+                break
+            except (httpx.TransportError, StopIteration):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        cfg.write_text(
+            f'listen = "127.0.0.1:{port + 1}"\ninterval_seconds = 0.2\nlog_level = "debug"\n'
+        )
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        assert cycles() >= first + 3  # the new interval is in force, on the old port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    assert "configuration reloaded: log level debug, interval 0.2s" in err
+    assert "restart to apply: listen" in err
