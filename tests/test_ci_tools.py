@@ -12,6 +12,8 @@ REQUIRED = [
     ("EDGE_GPU_RELAY_REQUIRE_PROMTOOL", "promtool", "prometheus"),
     ("EDGE_GPU_RELAY_REQUIRE_SSH_KEYGEN", "ssh-keygen", "openssh-client"),
     ("EDGE_GPU_RELAY_REQUIRE_PROMETHEUS", "prometheus", "prometheus"),
+    ("EDGE_GPU_RELAY_REQUIRE_SHELLCHECK", "shellcheck", "shellcheck"),
+    ("EDGE_GPU_RELAY_REQUIRE_SYSTEMD", "systemd-analyze", "systemd"),
 ]
 
 
