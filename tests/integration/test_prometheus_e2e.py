@@ -202,6 +202,8 @@ class PromQL:
                 problem = await check()
             except httpx.TransportError as exc:  # not listening yet
                 problem = f"Prometheus not reachable: {exc}"
+            except httpx.HTTPStatusError as exc:  # 503 until its storage is open
+                problem = f"Prometheus not ready: {exc.response.status_code}"
             if not problem:
                 return
             await asyncio.sleep(poll)

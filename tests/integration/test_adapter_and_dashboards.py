@@ -1,0 +1,635 @@
+"""prometheus-adapter rules, the HPA example and the Grafana dashboards (deploy/).
+
+Statically: the shapes prometheus-adapter, Kubernetes and Grafana expect. Then against a
+real ``prometheus`` binary (Debian package ``prometheus``) on loopback that scrapes a real
+gateway (deploy/prometheus/unified.yml) with two agents of two simulated GPUs each, whose
+GPU processes live in a fake host tree with Kubernetes pods:
+
+* every adapter rule's ``metricsQuery`` is rendered the way prometheus-adapter renders it
+  (pkg/naming/metrics_query.go: ``<<.LabelMatchers>>`` is the namespace matcher, if any,
+  then ``LABEL="name"`` or ``LABEL=~"a|b"``; ``<<.GroupBy>>`` is the resource's label) for
+  nodes, namespaces and pods, run, and compared with the same aggregate computed here from
+  the raw series (the GPU memory ratio included);
+* every panel query of both dashboards, with the variables substituted, returns data. The
+  spool backlog panels read metrics that agents do not export yet (``FUTURE_METRICS``):
+  those queries must be valid PromQL, and may come back empty only while no such series
+  exists in Prometheus; once agents export them, they must return data like the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge_agent import simhost
+from tests.gateway_support import (
+    agent_config,
+    gateway_config,
+    make_pki,
+    running_agent,
+    running_gateway,
+    wait_for,
+)
+from tests.integration.test_prometheus_e2e import (  # the real-Prometheus helpers
+    GATEWAY,
+    UNIFIED_JOB,
+    PromQL,
+    prometheus_bin,  # noqa: F401  (fixture: skips, or fails under EDGE_GPU_RELAY_REQUIRE_PROMETHEUS=1)
+    running_prometheus,
+    substituted,
+)
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover - see load_yaml
+    yaml = None
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RULES = DEPLOY / "prometheus-adapter" / "rules.yaml"
+HPA = DEPLOY / "kubernetes" / "hpa-gpu-example.yaml"
+DASHBOARDS = sorted((DEPLOY / "grafana").glob("*.json"))
+UNIFIED = DEPLOY / "prometheus" / "unified.yml"
+REQUIRE_TOOLS = os.environ.get("EDGE_GPU_RELAY_REQUIRE_PROMETHEUS") == "1"
+
+# What the rules must expose (the ACK names): metric -> resource -> the label it maps from.
+DEVICE = {"node": "Hostname"}
+PROCESS = {"node": "NodeName", "namespace": "NamespaceName", "pod": "PodName"}
+EXPECTED_RULES = {
+    "DCGM_FI_DEV_GPU_UTIL": DEVICE,
+    "DCGM_FI_DEV_FB_USED": DEVICE,
+    "DCGM_CUSTOM_PROCESS_SM_UTIL": PROCESS,
+    "DCGM_CUSTOM_PROCESS_MEM_USED": PROCESS,
+    "DCGM_CUSTOM_PROCESS_GPU_MEM_USED_RATIO": {"namespace": "NamespaceName", "pod": "PodName"},
+}
+RATIO = "DCGM_CUSTOM_PROCESS_GPU_MEM_USED_RATIO"
+TEMPLATE_FIELDS = {"Series", "LabelMatchers", "GroupBy", "LabelValuesByName", "GroupBySlice"}
+
+# Device panels must work on a stock dcgm-exporter: only its labels.
+DCGM_EXPORTER_LABELS = {"Hostname", "gpu", "UUID", "modelName"}
+# Exported by the agent's next release (the durable spool). Queries reading them may be
+# empty while Prometheus has no such series at all; see the module docstring.
+FUTURE_METRICS = (
+    "gpurelay_agent_spool_batches",
+    "gpurelay_agent_spool_bytes",
+    "gpurelay_agent_spool_oldest_age_seconds",
+    "gpurelay_agent_spool_dropped_batches_total",
+)
+# Grafana's built-in variables, as Grafana would fill them for a recent time range.
+BUILTINS = {
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__interval_ms": "15000",
+    "__range": "1h",
+    "__range_s": "3600",
+    "__range_ms": "3600000",
+}
+
+NODES = {"edge-a": 11, "edge-b": 12}  # node -> simulator seed (distinct GPUs and pods)
+GPUS = 2
+# On edge-a, the simulated processes 1 and 4 join process 0's container: one pod with two
+# processes on GPU 0 and one on GPU 1 (the simulator puts process i on GPU i % GPUS), so the
+# ratio must count each GPU's memory once per pod, and a pod's GPUs are summed.
+SHARED_NODE, SHARED_WITH_FIRST = "edge-a", (1, 4)
+READY_DEADLINE = 45.0  # Prometheus start -> GPU and pod series of both nodes seen
+QUERY_DEADLINE = 15.0  # then every dashboard query answered
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> list[Any]:
+    """The YAML documents of ``path``; PyYAML comes with the test extras."""
+    if yaml is None:
+        msg = "PyYAML not installed (pip install pyyaml; it belongs in the test extras)"
+        if REQUIRE_TOOLS:
+            pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_PROMETHEUS=1 makes this a failure")
+        pytest.skip(msg)
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    series: str  # the series name seriesQuery finds
+    series_query: str
+    name: str  # the custom metric the adapter exposes
+    labels: dict[str, str]  # resource -> Prometheus label
+    metrics_query: str
+
+    def render(self, resource: str, names: list[str], namespace: str | None = None) -> str:
+        """``metricsQuery`` as prometheus-adapter builds it for these objects."""
+        matchers = []
+        if namespace is not None:
+            matchers.append(f'{self.labels["namespace"]}="{namespace}"')
+        label = self.labels[resource]
+        if len(names) == 1:
+            matchers.append(f'{label}="{names[0]}"')
+        else:
+            matchers.append(f'{label}=~"{"|".join(names)}"')
+        values = {"Series": self.series, "LabelMatchers": ",".join(matchers), "GroupBy": label}
+        query = re.sub(r"<<\s*\.(\w+)\s*>>", lambda m: values[m.group(1)], self.metrics_query)
+        assert "<<" not in query and ">>" not in query, query
+        return query
+
+
+def adapter_rules() -> list[Rule]:
+    docs = load_yaml(RULES)
+    assert len(docs) == 1, "one YAML document"
+    config = docs[0]
+    assert set(config) == {"rules"}, f"custom-metrics rules only, got {sorted(config)}"
+    rules = []
+    for raw in config["rules"]:
+        assert set(raw) <= {"seriesQuery", "seriesFilters", "resources", "name", "metricsQuery"}
+        m = re.fullmatch(r"([A-Za-z_:][\w:]*)(\{.*\})?", raw["seriesQuery"])
+        assert m, f"seriesQuery {raw['seriesQuery']!r} is not a series selector"
+        series = m.group(1)
+        name = series
+        if "name" in raw:
+            assert set(raw["name"]) == {"matches", "as"}, raw["name"]
+            assert re.search(raw["name"]["matches"], series), raw["name"]
+            # Go's ${1} / $1 as Python's \1
+            repl = re.sub(r"\$\{?(\d+)\}?", r"\\\1", raw["name"]["as"])
+            name = re.sub(raw["name"]["matches"], repl, series)
+        resources = raw["resources"]
+        assert set(resources) == {"overrides"}, "explicit label -> resource overrides only"
+        labels = {}
+        for label, target in resources["overrides"].items():
+            assert set(target) <= {"group", "resource"}, target
+            assert target["resource"] in {"node", "namespace", "pod"}, target
+            labels[target["resource"]] = label
+        query = raw["metricsQuery"]
+        fields = set(re.findall(r"<<\s*\.(\w+)\s*>>", query))
+        assert fields <= TEMPLATE_FIELDS, fields
+        assert {"Series", "LabelMatchers", "GroupBy"} <= fields, query
+        assert query.count("(") == query.count(")"), query
+        rules.append(Rule(series, raw["seriesQuery"], name, labels, query))
+    return rules
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {path.name: json.loads(path.read_text()) for path in DASHBOARDS}
+
+
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows' nested panels (collapsed rows) included."""
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def targets(dashboard: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for panel in panels(dashboard):
+        for target in panel.get("targets", []):
+            yield panel["title"], target
+
+
+def variable_query(variable: dict[str, Any]) -> str:
+    query = variable["query"]
+    return str(query["query"] if isinstance(query, dict) else query)
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """``expr`` with Grafana's ``$var`` and ``${var}`` / ``${var:format}`` filled in.
+    ``$1`` (label_replace) is not a variable: names start with a letter or ``_``."""
+
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in variables, f"unknown variable ${name} in {expr}"
+        return variables[name]
+
+    return re.sub(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\$([A-Za-z_]\w*)", value, expr)
+
+
+def labels_used(expr: str) -> set[str]:
+    """Label names in matchers, by/without and on/ignoring/group_* lists of ``expr``."""
+    used: set[str] = set()
+    for selector in re.findall(r"\{([^}]*)\}", expr):
+        used.update(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", selector))
+    for group in re.findall(
+        r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", expr
+    ):
+        used.update(x.strip() for x in group.split(",") if x.strip())
+    return used
+
+
+# --- statically ---------------------------------------------------------------------------------
+
+
+def test_adapter_rules_expose_the_ack_metrics_with_our_labels() -> None:
+    rules = adapter_rules()
+    exposed = {rule.name: rule.labels for rule in rules}
+    assert exposed == EXPECTED_RULES
+    for rule in rules:
+        # Every resource label appears in the seriesQuery's series (checked against real
+        # series below) and the query renders for each resource.
+        for resource in rule.labels:
+            namespace = "ns" if resource == "pod" else None
+            one = rule.render(resource, ["x"], namespace)
+            many = rule.render(resource, ["x", "y"], namespace)
+            assert f'{rule.labels[resource]}="x"' in one
+            assert f'{rule.labels[resource]}=~"x|y"' in many
+    ratio = next(r for r in rules if r.name == RATIO)
+    assert ratio.series == "DCGM_CUSTOM_PROCESS_MEM_USED"
+    # The join: process series (NodeName) against device series (Hostname) per GPU.
+    assert "label_replace(" in ratio.metrics_query
+    assert "on (Hostname, UUID, GPU_I_ID) group_left ()" in ratio.metrics_query
+
+
+def test_hpa_example_scales_a_deployment_on_an_adapter_pod_metric() -> None:
+    docs = load_yaml(HPA)
+    kinds = [(d["apiVersion"], d["kind"]) for d in docs]
+    assert kinds == [("apps/v1", "Deployment"), ("autoscaling/v2", "HorizontalPodAutoscaler")]
+    deployment, hpa = docs
+
+    spec = deployment["spec"]
+    template_labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= template_labels.items()
+    containers = spec["template"]["spec"]["containers"]
+    assert containers, "a container"
+    assert any(c["resources"]["limits"].get("nvidia.com/gpu") for c in containers)
+    for c in containers:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", c["name"]), c["name"]
+
+    hspec = hpa["spec"]
+    assert hspec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert 1 <= hspec.get("minReplicas", 1) <= hspec["maxReplicas"]
+    pod_metrics = {rule.name for rule in adapter_rules() if "pod" in rule.labels}
+    assert hspec["metrics"], "at least one metric"
+    for metric in hspec["metrics"]:
+        assert metric["type"] == "Pods", metric
+        assert set(metric) == {"type", "pods"}, metric
+        assert metric["pods"]["metric"]["name"] in pod_metrics
+        target = metric["pods"]["target"]
+        # autoscaling/v2 Pods metrics: AverageValue only, a quantity (a string here).
+        assert target == {"type": "AverageValue", "averageValue": target["averageValue"]}
+        assert re.fullmatch(r"\d+(\.\d+)?m?", target["averageValue"]), target
+    assert any(
+        m["pods"]["metric"]["name"] == "DCGM_CUSTOM_PROCESS_SM_UTIL" for m in hspec["metrics"]
+    )
+
+
+@pytest.mark.parametrize("name", [p.name for p in DASHBOARDS])
+def test_dashboard_is_importable_and_uses_a_datasource_variable(name: str) -> None:
+    dashboard = dashboards()[name]
+    assert dashboard["schemaVersion"] >= 36
+    assert dashboard["uid"] and dashboard["title"]
+    assert dashboard.get("id") is None, "an exported dashboard carries no database id"
+    # Import asks for DS_PROMETHEUS and makes it the datasource variable's default.
+    inputs = {i["name"]: i for i in dashboard["__inputs"]}
+    assert inputs["DS_PROMETHEUS"]["type"] == "datasource"
+    assert inputs["DS_PROMETHEUS"]["pluginId"] == "prometheus"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    ds = variables["datasource"]
+    assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
+    assert ds["current"]["value"] == "${DS_PROMETHEUS}"
+    assert json.dumps(dashboard).count("${DS_PROMETHEUS}") == 1, "panels use ${datasource}"
+    uses_ds = {"type": "prometheus", "uid": "${datasource}"}
+    for v in variables.values():
+        if v["type"] == "query":
+            assert v["datasource"] == uses_ds, v["name"]
+            assert variable_query(v).startswith("label_values("), v["name"]
+    assert variables["node"]["definition"].endswith(", Hostname)")
+
+    ids = [p["id"] for p in panels(dashboard)]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    for panel in panels(dashboard):
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == uses_ds, panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == uses_ds, panel["title"]
+            assert target["expr"].strip(), panel["title"]
+    for title, target in targets(dashboard):
+        expr = target["expr"]
+        if "DCGM_FI_DEV_" in expr and "DCGM_CUSTOM_" not in expr:
+            extra = labels_used(expr) - DCGM_EXPORTER_LABELS
+            assert not extra, f"device panel {title!r} uses labels {extra}: {expr}"
+
+
+def test_future_metrics_list_names_only_what_the_dashboards_read() -> None:
+    exprs = "\n".join(t["expr"] for d in dashboards().values() for _, t in targets(d))
+    for metric in FUTURE_METRICS:
+        assert metric in exprs, f"{metric} is in FUTURE_METRICS but no panel reads it"
+
+
+# --- against a real Prometheus ------------------------------------------------------------------
+
+
+class Prometheus(PromQL):
+    async def at(self, expr: str, when: float) -> list[dict[str, Any]]:
+        r = await self.client.get("/api/v1/query", params={"query": expr, "time": f"{when:.3f}"})
+        assert r.status_code == 200, f"{expr}\n-> {r.status_code} {r.text}"
+        doc = r.json()
+        assert doc["status"] == "success", doc
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
+    async def series(self, match: str) -> list[dict[str, str]]:
+        r = await self.client.get(
+            "/api/v1/series", params={"match[]": match, "start": f"{time.time() - 300:.0f}"}
+        )
+        r.raise_for_status()
+        result: list[dict[str, str]] = r.json()["data"]
+        return result
+
+
+@pytest.fixture
+def pod_on_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewrite the fake host tree the simulator builds (see SHARED_WITH_FIRST)."""
+    build = simhost.build
+
+    def shared_build(root: Path, pids: Sequence[int], seed: int = 0) -> simhost.FakeHost:
+        host = build(root, pids, seed)
+        if seed == NODES[SHARED_NODE]:
+            first = (host.proc_root / str(pids[0]) / "cgroup").read_text()
+            for i in SHARED_WITH_FIRST:
+                (host.proc_root / str(pids[i]) / "cgroup").write_text(first)
+        return host
+
+    monkeypatch.setattr(simhost, "build", shared_build)
+
+
+async def test_adapter_rules_and_dashboards_against_prometheus(
+    prometheus_bin: Path,  # noqa: F811
+    pod_on_two_gpus: None,
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path)
+    async with running_gateway(gateway_config(pki)) as gw:
+        configs = []
+        for node, seed in NODES.items():
+            cfg = agent_config(pki, node, gw, gpus=GPUS)
+            configs.append(
+                dataclasses.replace(cfg, simulate=dataclasses.replace(cfg.simulate, seed=seed))
+            )
+        async with running_agent(configs[0]), running_agent(configs[1]):
+            await wait_for(
+                lambda: set(NODES) <= set(gw.registry.states(time.time())),
+                what="both agents to connect",
+            )
+            config = tmp_path / "prometheus.yml"
+            config.write_text(
+                substituted(
+                    UNIFIED.read_text(),
+                    {
+                        GATEWAY: f"127.0.0.1:{gw.http_port}",
+                        "scrape_interval: 15s": "scrape_interval: 1s",
+                        "evaluation_interval: 15s": "evaluation_interval: 1s",
+                    },
+                )
+            )
+            with running_prometheus(prometheus_bin, config, tmp_path) as (url, log):
+                async with httpx.AsyncClient(base_url=url, timeout=5, trust_env=False) as http:
+                    prom = Prometheus(http, log)
+                    await wait_until_scraped(prom)
+                    ratio_panel = await check_dashboards(prom)
+                    # The rules need PyYAML (skips here without it, dashboards checked).
+                    await check_adapter_rules(prom)
+                    await check_ratio_panel(prom, ratio_panel)
+
+
+async def wait_until_scraped(prom: Prometheus) -> None:
+    end = time.monotonic() + READY_DEADLINE
+
+    async def started() -> str:
+        # Prometheus listens before its TSDB is open, answering 503 until then.
+        r = await prom.client.get("/-/ready")
+        return "" if r.status_code == 200 else f"/-/ready: {r.status_code} {r.text.strip()}"
+
+    await prom.until("Prometheus to be ready", started, end)
+
+    async def ready() -> str:
+        # At settled() already, so that the checks evaluated there see every series.
+        when = settled()
+        gpus = {
+            s["metric"]["Hostname"]: float(s["value"][1])
+            for s in await prom.at(
+                f'count by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{job="{UNIFIED_JOB}"}})', when
+            )
+        }
+        if gpus != dict.fromkeys(NODES, float(GPUS)):
+            return f"GPUs per node {gpus}"
+        pods = {
+            s["metric"]["NodeName"]
+            for s in await prom.at(
+                'count by (NodeName) (DCGM_CUSTOM_PROCESS_MEM_USED{PodName!=""})', when
+            )
+        }
+        if pods != set(NODES):
+            return f"nodes with GPU processes in pods {pods}"
+        # Two scrapes at least, so range functions ($__rate_interval) have two samples.
+        samples = await prom.query("min(count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]))")
+        if not samples or float(samples[0]["value"][1]) < 2:
+            return f"samples per GPU series {samples}"
+        return ""
+
+    await prom.until("GPU and pod series of both nodes", ready, end)
+
+
+def settled() -> float:
+    """An evaluation time whose scrapes are all stored: every query evaluated at it sees
+    the same samples, so values computed from raw series compare exactly."""
+    return time.time() - 2.0  # two 1 s scrape intervals ago
+
+
+# --- the adapter rules --------------------------------------------------------------------------
+
+
+def aggregate(rule: Rule, values: list[float]) -> float:
+    outer = rule.metrics_query.lstrip()
+    if outer.startswith("avg("):
+        return sum(values) / len(values)
+    assert outer.startswith("sum("), f"no expected value for {outer[:20]}..."
+    return sum(values)
+
+
+def gpu_key(labels: dict[str, str], node_label: str) -> tuple[str, str, str]:
+    return (labels[node_label], labels["UUID"], labels.get("GPU_I_ID", ""))
+
+
+async def check_adapter_rules(prom: Prometheus) -> None:
+    rules = adapter_rules()
+    when = settled()
+    raw = {
+        name: [s["metric"] | {"value": s["value"][1]} for s in await prom.at(name, when)]
+        for name in {r.series for r in rules}
+        | {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"}
+    }
+    totals: dict[tuple[str, str, str], float] = {}
+    for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"):
+        for s in raw[name]:
+            key = gpu_key(s, "Hostname")
+            totals[key] = totals.get(key, 0.0) + float(s["value"])
+    assert len(totals) == len(NODES) * GPUS, totals
+
+    procs = raw["DCGM_CUSTOM_PROCESS_MEM_USED"]
+    pods_by_ns: dict[str, set[str]] = {}
+    for s in procs:
+        if s.get("PodName"):
+            pods_by_ns.setdefault(s["NamespaceName"], set()).add(s["PodName"])
+    assert {"ml-serving", "research"} <= set(pods_by_ns), pods_by_ns
+    serving = sorted(pods_by_ns["ml-serving"])
+    assert len(serving) >= 2, serving
+    # The pod of SHARED_WITH_FIRST: three processes, two of them on one GPU.
+    gpus_of: dict[str, list[tuple[str, str, str]]] = {}
+    for s in procs:
+        if s.get("PodName"):
+            gpus_of.setdefault(s["PodName"], []).append(gpu_key(s, "NodeName"))
+    shared = [pod for pod, gpus in gpus_of.items() if len(gpus) == 3 and len(set(gpus)) == 2]
+    assert len(shared) == 1 and shared[0] in serving, gpus_of
+
+    # (resource, names, namespace): one object and several, as the adapter asks.
+    cases = {
+        "node": [(["edge-a"], None), (sorted(NODES), None)],
+        "namespace": [(["ml-serving"], None), (["ml-serving", "research"], None)],
+        "pod": [(shared, "ml-serving"), (serving, "ml-serving")],
+    }
+    checked = 0
+    for rule in rules:
+        # Discovery: the seriesQuery finds series that carry every mapped label.
+        found = await prom.series(rule.series_query)
+        assert found, f"seriesQuery {rule.series_query} finds nothing"
+        for label in rule.labels.values():
+            assert any(s.get(label) for s in found), f"{rule.series_query}: no {label}"
+
+        for resource, label in rule.labels.items():
+            for names, namespace in cases[resource]:
+                query = rule.render(resource, names, namespace)
+                got = {
+                    s["metric"].get(label, ""): float(s["value"][1])
+                    for s in await prom.at(query, when)
+                }
+                want = expected(rule, resource, names, namespace, raw, totals)
+                assert set(got) == set(want), (
+                    f"{rule.name} for {resource} {names}: series for {sorted(got)}, "
+                    f"want {sorted(want)}\n{query}"
+                )
+                for obj, value in want.items():
+                    assert math.isclose(got[obj], value, rel_tol=1e-9), (
+                        f"{rule.name} of {resource} {obj}: {got[obj]}, want {value}\n{query}"
+                    )
+                    if rule.name == RATIO:
+                        assert 0 < got[obj] < 1, (obj, got[obj])
+                checked += 1
+    assert checked == sum(len(cases[r]) for rule in rules for r in rule.labels)
+
+
+def expected(
+    rule: Rule,
+    resource: str,
+    names: list[str],
+    namespace: str | None,
+    raw: dict[str, list[dict[str, str]]],
+    totals: dict[tuple[str, str, str], float],
+) -> dict[str, float]:
+    """The rule's value per object, computed here from the raw series."""
+    label = rule.labels[resource]
+    want: dict[str, float] = {}
+    for name in names:
+        mine = [
+            s
+            for s in raw[rule.series]
+            if s.get(label) == name
+            and (namespace is None or s.get(rule.labels["namespace"]) == namespace)
+        ]
+        assert mine, f"no {rule.series} series for {resource} {name}"
+        values = [float(s["value"]) for s in mine]
+        if rule.name != RATIO:
+            want[name] = aggregate(rule, values)
+            continue
+        # used by the object's processes / total memory of the GPUs they run on, each once
+        gpus = {gpu_key(s, "NodeName") for s in mine}
+        want[name] = sum(values) / sum(totals[g] for g in gpus)
+    return want
+
+
+# --- the dashboards -----------------------------------------------------------------------------
+
+
+async def check_dashboards(prom: Prometheus) -> str:
+    """Run every panel query; returns the node dashboard's pod memory ratio query."""
+    ratio_panel = ""
+    future_present = {m for m in FUTURE_METRICS if await prom.series(m)}
+    for name, dashboard in dashboards().items():
+        variables = dict(BUILTINS, datasource="unused")
+        for v in dashboard["templating"]["list"]:
+            if v["type"] == "datasource":
+                continue
+            # The node dashboard looks at one node; the rest at "All", as they open.
+            if v["name"] == "node" and not v.get("multi"):
+                variables["node"] = "edge-a"
+            else:
+                variables[v["name"]] = v.get("allValue") or ".*"
+        await check_variables(prom, name, dashboard, variables)
+
+        queries = [(title, substitute(t["expr"], variables)) for title, t in targets(dashboard)]
+
+        async def answered(queries: list[tuple[str, str]] = queries) -> str:
+            empty = []
+            for title, expr in queries:
+                result = await prom.query(expr)  # a PromQL error fails right here
+                if result:
+                    continue
+                future = [m for m in FUTURE_METRICS if m in expr]
+                if future and not set(future) & future_present:
+                    continue  # reads only metrics no agent exports yet
+                empty.append(f"{title!r}: {expr}")
+            return "no data from\n  " + "\n  ".join(empty) if empty else ""
+
+        await prom.until(
+            f"every query of {name} to return data", answered, time.monotonic() + QUERY_DEADLINE
+        )
+
+        for title, expr in queries:
+            if title == "GPU memory ratio by pod":
+                ratio_panel = expr
+    assert ratio_panel, "no panel 'GPU memory ratio by pod'"
+    return ratio_panel
+
+
+async def check_variables(
+    prom: Prometheus, name: str, dashboard: dict[str, Any], variables: dict[str, str]
+) -> None:
+    for v in dashboard["templating"]["list"]:
+        if v["type"] != "query":
+            continue
+        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable_query(v))
+        assert m, f"{name} ${v['name']}: {variable_query(v)}"
+        selector, label = substitute(m.group(1), variables), m.group(2)
+        values = {s.get(label, "") for s in await prom.series(selector)} - {""}
+        assert values, f"{name} ${v['name']}: no values of {label} in {selector}"
+        if v["name"] == "node":
+            assert values == set(NODES), values
+
+
+async def check_ratio_panel(prom: Prometheus, expr: str) -> None:
+    """The dashboard's ratio panel computes what the adapter's ratio rule does."""
+    when = settled()
+    panel = {
+        (s["metric"]["NamespaceName"], s["metric"]["PodName"]): float(s["value"][1])
+        for s in await prom.at(expr, when)
+    }
+    rule = next(r for r in adapter_rules() if r.name == RATIO)
+    pods = sorted(panel)
+    assert pods, expr
+    for namespace, pod in pods:
+        adapter = await prom.at(rule.render("pod", [pod], namespace), when)
+        assert len(adapter) == 1, adapter
+        assert math.isclose(float(adapter[0]["value"][1]), panel[namespace, pod], rel_tol=1e-9)
