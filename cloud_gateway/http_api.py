@@ -149,9 +149,10 @@ async def forward_proxy(request: web.Request) -> web.StreamResponse:
         )
         if refusal is not None:
             return refusal
-    if url.scheme != "http" or not url.host:
+    if request.method == "CONNECT" or url.scheme != "http" or not url.host:
+        what = "CONNECT (https)" if request.method == "CONNECT" else repr(request.raw_path[:80])
         return web.Response(
-            status=400, text=f"only http://NODE:PORT/ URLs are proxied, not {url.scheme}://\n"
+            status=400, text=f"only plain http://NODE:PORT/ URLs are proxied, not {what}\n"
         )
     assert state.proxy is not None
     return await state.proxy.relay(request, url.host, url.port or 80, url.raw_path_qs)
