@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-REQUIRE_PROMTOOL = os.environ.get("EDGE_GPU_RELAY_REQUIRE_PROMTOOL") == "1"
-
 
 def _nvml_reason() -> str | None:
     """None when a real GPU is usable through NVML, else why not."""
@@ -38,12 +36,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
-def promtool() -> Path:
-    path = shutil.which("promtool")
+def required_tool(tool: str, variable: str, package: str) -> Path:
+    """The tool's path; skips when it is missing, or fails when CI sets ``variable=1``."""
+    path = shutil.which(tool)
     if path is None:
-        msg = "promtool not found (Debian package `prometheus`)"
-        if REQUIRE_PROMTOOL:
-            pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_PROMTOOL=1 makes this a failure")
+        msg = f"{tool} not found (Debian package `{package}`)"
+        if os.environ.get(variable) == "1":
+            pytest.fail(f"{msg}; {variable}=1 makes this a failure")
         pytest.skip(msg)
     return Path(path)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    return required_tool("promtool", "EDGE_GPU_RELAY_REQUIRE_PROMTOOL", "prometheus")
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> Path:
+    return required_tool("prometheus", "EDGE_GPU_RELAY_REQUIRE_PROMETHEUS", "prometheus")

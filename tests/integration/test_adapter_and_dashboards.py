@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from edge_agent import simhost
 from tests.gateway_support import (
@@ -44,22 +44,15 @@ from tests.integration.test_prometheus_e2e import (  # the real-Prometheus helpe
     GATEWAY,
     UNIFIED_JOB,
     PromQL,
-    prometheus_bin,  # noqa: F401  (fixture: skips, or fails under EDGE_GPU_RELAY_REQUIRE_PROMETHEUS=1)
     running_prometheus,
     substituted,
 )
-
-try:
-    import yaml
-except ImportError:  # pragma: no cover - see load_yaml
-    yaml = None
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus-adapter" / "rules.yaml"
 HPA = DEPLOY / "kubernetes" / "hpa-gpu-example.yaml"
 DASHBOARDS = sorted((DEPLOY / "grafana").glob("*.json"))
 UNIFIED = DEPLOY / "prometheus" / "unified.yml"
-REQUIRE_TOOLS = os.environ.get("EDGE_GPU_RELAY_REQUIRE_PROMETHEUS") == "1"
 
 # What the rules must expose (the ACK names): metric -> resource -> the label it maps from.
 DEVICE = {"node": "Hostname"}
@@ -109,11 +102,6 @@ QUERY_DEADLINE = 15.0  # then every dashboard query answered
 
 def load_yaml(path: Path) -> list[Any]:
     """The YAML documents of ``path``; PyYAML comes with the test extras."""
-    if yaml is None:
-        msg = "PyYAML not installed (pip install pyyaml; it belongs in the test extras)"
-        if REQUIRE_TOOLS:
-            pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_PROMETHEUS=1 makes this a failure")
-        pytest.skip(msg)
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
@@ -367,7 +355,7 @@ def pod_on_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_adapter_rules_and_dashboards_against_prometheus(
-    prometheus_bin: Path,  # noqa: F811
+    prometheus_bin: Path,
     pod_on_two_gpus: None,
     tmp_path: Path,
 ) -> None:

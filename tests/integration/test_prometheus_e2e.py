@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,7 +38,6 @@ from tests.gateway_support import (
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 SHIPPED = ("unified.yml", "proxied.yml", "prometheus.yml")
-REQUIRE_PROMETHEUS = os.environ.get("EDGE_GPU_RELAY_REQUIRE_PROMETHEUS") == "1"
 
 # What the shipped files say, and what the tests put there instead.
 GATEWAY = "gateway.example.com:9410"
@@ -58,17 +56,6 @@ SIBLING_BODY = "node_load1 0.5\n"
 # discovered targets to its scrapers every 5 s); a stopped node is down ~1 s after.
 SCRAPE_DEADLINE = 60.0  # Prometheus start -> every series of both paths seen
 DOWN_DEADLINE = 30.0  # agent stopped -> its target down, gpurelay_node_up 0
-
-
-@pytest.fixture(scope="session")
-def prometheus_bin() -> Path:
-    path = shutil.which("prometheus")
-    if path is None:
-        msg = "prometheus not found (Debian package `prometheus`)"
-        if REQUIRE_PROMETHEUS:
-            pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_PROMETHEUS=1 makes this a failure")
-        pytest.skip(msg)
-    return Path(path)
 
 
 def substituted(text: str, replacements: dict[str, str]) -> str:

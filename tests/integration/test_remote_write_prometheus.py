@@ -1,0 +1,139 @@
+"""The remote write client against a real Prometheus remote-write receiver.
+
+A real ``prometheus`` binary (Debian package ``prometheus``) on loopback, started with
+``--web.enable-remote-write-receiver`` and ``storage.tsdb.out_of_order_time_window: 1h``,
+receives a backlog with its original timestamps from 30 minutes ago, *after* newer samples
+of the same series were written, as a replay after an outage would. Every sample must be
+stored with its exact timestamp and value.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter, Series
+
+READY_DEADLINE = 20.0  # Prometheus start -> /-/ready
+CONFIG = """\
+global:
+  scrape_interval: 1m
+storage:
+  tsdb:
+    out_of_order_time_window: 1h
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def prometheus(prometheus_bin: Path, tmp_path: Path) -> Iterator[str]:
+    """Base URL of a running Prometheus remote-write receiver."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(CONFIG)
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(prometheus_bin),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-remote-write-receiver",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_DEADLINE
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"prometheus exited {proc.returncode}: {_tail(tmp_path)}")
+            try:
+                if httpx.get(f"{base}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"prometheus not ready in {READY_DEADLINE}s: {_tail(tmp_path)}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def _tail(tmp_path: Path) -> str:
+    return (tmp_path / "prometheus.log").read_text(errors="replace")[-2000:]
+
+
+def _query_raw(base: str, metric: str, at_ms: int) -> dict[str, list[tuple[int, float]]]:
+    """Every raw sample of ``metric`` in the 40 minutes before ``at_ms``, by ``gpu`` label."""
+    resp = httpx.get(
+        f"{base}/api/v1/query",
+        params={"query": f"{metric}[40m]", "time": f"{at_ms / 1000:.3f}"},
+        timeout=10,
+    )
+    resp.raise_for_status()
+    body = resp.json()
+    assert body["status"] == "success", body
+    assert body["data"]["resultType"] == "matrix"
+    return {
+        item["metric"]["gpu"]: [(round(float(t) * 1000), float(v)) for t, v in item["values"]]
+        for item in body["data"]["result"]
+    }
+
+
+async def test_backlog_with_original_timestamps_is_stored_exactly(prometheus: str) -> None:
+    now_ms = int(time.time() * 1000)
+    rng = random.Random(7)
+    metric = "gpurelay_test_util"
+
+    def labels(gpu: str) -> tuple[tuple[str, str], ...]:
+        return (("gpu", gpu), ("__name__", metric), ("node", "edge-1"))
+
+    # Live samples of the last minute reach Prometheus first ...
+    live = {
+        g: [(now_ms - 60_000 + i * 10_000, rng.uniform(0, 100)) for i in range(6)] for g in "01"
+    }
+    # ... then the replayed backlog: 30 minutes ago, older than everything already stored.
+    start = now_ms - 30 * 60_000
+    backlog = {g: [(start + i * 5_000 + 7, rng.uniform(0, 100)) for i in range(120)] for g in "01"}
+    for samples in backlog.values():
+        rng.shuffle(samples)  # the writer sorts them; Prometheus must see timestamp order
+
+    cfg = RemoteWriteConfig(
+        url=f"{prometheus}/api/v1/write",
+        max_samples_per_send=50,
+        timeout_seconds=10,
+        max_retries=3,
+    )
+    async with RemoteWriter(cfg) as writer:
+        await writer.send([(labels(g), s) for g, s in live.items()])
+        backlog_series: list[Series] = [(labels(g), s) for g, s in backlog.items()]
+        await writer.send(backlog_series)
+        assert writer.stats.sent_samples == 2 * (6 + 120)
+        assert writer.stats.failed_samples == 0
+        assert writer.stats.rejected_requests == 0
+        assert writer.stats.pending_samples == 0
+
+    stored = _query_raw(prometheus, metric, now_ms + 1_000)
+    assert sorted(stored) == ["0", "1"]
+    for gpu in "01":
+        expected = sorted(backlog[gpu] + live[gpu])
+        assert len(stored[gpu]) == len(expected) == 126
+        assert stored[gpu] == expected
