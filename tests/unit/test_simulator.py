@@ -14,22 +14,15 @@ import pytest
 
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.simulator import SimulatedNvml
+from tests.agent_support import FakeClock
 
 T0 = 1_700_000_000.0
 MIB = 1 << 20
 
 
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(T0)
 
 
 @pytest.fixture
@@ -213,7 +206,7 @@ def test_bad_arguments_are_invalid_argument(sim: SimulatedNvml) -> None:
 
 
 def test_same_seed_and_clock_give_identical_values() -> None:
-    clock = FakeClock()
+    clock = FakeClock(T0)
     a, b, c = (SimulatedNvml(2, seed=s, clock=clock) for s in (11, 11, 12))
     for nvml in (a, b, c):
         nvml.nvmlInit()

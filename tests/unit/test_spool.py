@@ -15,21 +15,14 @@ from typing import Any
 import pytest
 
 from edge_agent.spool import Spool, SpooledBatch, SpoolLimits
+from tests.agent_support import FakeClock
 
 REQUIRE_MOUNT = os.environ.get("EDGE_GPU_RELAY_REQUIRE_MOUNT") == "1"
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000.0)
 
 
 @pytest.fixture
