@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from aiohttp import web
 
 from cloud_gateway import certs
 from cloud_gateway.app import Gateway
@@ -132,3 +133,24 @@ async def metrics_text(gateway: Gateway) -> str:
 def auth_failures(gateway: Gateway, reason: str) -> int:
     assert gateway.ssh is not None
     return gateway.ssh.policy.failures.get(reason, 0)
+
+
+@asynccontextmanager
+async def fake_exporter(body: str, delay: float = 0.0) -> AsyncIterator[int]:
+    """A stand-in for node_exporter on a sibling machine of the edge LAN (loopback here);
+    yields its port. ``delay`` makes it slow, for timeout tests."""
+
+    async def handler(request: web.Request) -> web.Response:
+        await asyncio.sleep(delay)
+        return web.Response(text=body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

@@ -17,18 +17,18 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 
 from edge_agent.config import PublishConfig
 from tests.gateway_support import (
     TOKEN,
     agent_config,
+    fake_exporter,
     gateway_config,
     make_pki,
     running_agent,
@@ -109,25 +109,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def fake_exporter(body: str) -> AsyncIterator[int]:
-    """A stand-in for node_exporter on a sibling machine of the edge LAN (loopback here)."""
-
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response(text=body)
-
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.contextmanager

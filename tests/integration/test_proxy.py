@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from edge_agent.config import PublishConfig
 from tests.gateway_support import (
     TOKEN,
     agent_config,
+    fake_exporter,
     gateway_config,
     make_pki,
     running_agent,
@@ -24,27 +24,12 @@ from tests.gateway_support import (
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-async def _fake_exporter(body: str, delay: float = 0.0) -> tuple[web.AppRunner, int]:
-    """A stand-in for node_exporter on a sibling machine (loopback here)."""
-
-    async def handler(request: web.Request) -> web.Response:
-        await asyncio.sleep(delay)
-        return web.Response(text=body)
-
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-
 async def test_scrape_by_node_name_through_the_tunnel(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
-    sibling, sibling_port = await _fake_exporter("node_load1 0.5\n")
-    slow, slow_port = await _fake_exporter("x 1\n", delay=5)
-    try:
+    async with (
+        fake_exporter("node_load1 0.5\n") as sibling_port,
+        fake_exporter("x 1\n", delay=5) as slow_port,
+    ):
         async with running_gateway(gateway_config(pki)) as gw:
             cfg = agent_config(pki, "edge-a", gw)
             cfg = dataclasses.replace(
@@ -110,9 +95,6 @@ async def test_scrape_by_node_name_through_the_tunnel(tmp_path: Path) -> None:
                 assert r.status_code == 503 and "reached through edge-a" in r.text
                 assert (await client.get("/api/v1/sd", headers=AUTH)).json() == []
             assert gw.proxy.requests[200] >= 4 and gw.proxy.requests[404] == 1
-    finally:
-        await sibling.cleanup()
-        await slow.cleanup()
 
 
 async def test_the_agent_refuses_what_it_did_not_publish(tmp_path: Path) -> None:
