@@ -135,19 +135,23 @@ class ProcSample:
     rss_kib: int
 
 
-class GatewayProcess:
-    def __init__(self, config: Path, log: Path, http_port: int) -> None:
-        self.config = config
+class ServiceProcess:
+    """One of our binaries as its own process (so its CPU can be measured on its own)."""
+
+    name = "process"
+
+    def __init__(self, argv: list[str], log: Path, env_prefix: str) -> None:
+        self.argv = argv
         self.log = log
-        self.url = f"http://127.0.0.1:{http_port}"
+        self.env_prefix = env_prefix  # variables that would change its config are dropped
         self.proc: subprocess.Popen[bytes] | None = None
         self._tick = os.sysconf("SC_CLK_TCK")
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUD_GATEWAY_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(self.env_prefix)}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cloud_gateway", "run", "--config", str(self.config)],
+                [sys.executable, "-m", *self.argv],
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -163,7 +167,7 @@ class GatewayProcess:
     def check_alive(self) -> None:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise BenchError(f"the gateway exited with status {self.proc.returncode}")
+            raise BenchError(f"the {self.name} exited with status {self.proc.returncode}")
 
     def sample(self) -> ProcSample:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
@@ -175,6 +179,9 @@ class GatewayProcess:
                 rss = int(line.split()[1])
         return ProcSample((utime + stime) / self._tick, rss)
 
+    def cpu(self) -> float:
+        return self.sample().cpu_seconds
+
     def stop(self) -> int | None:
         """SIGTERM, wait (the gateway drains for ``drain_seconds``), SIGKILL if it hangs."""
         if self.proc is None:
@@ -184,7 +191,7 @@ class GatewayProcess:
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                print("gateway ignored SIGTERM for 15 s: killing it", file=sys.stderr)
+                print(f"{self.name} ignored SIGTERM for 15 s: killing it", file=sys.stderr)
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
@@ -194,6 +201,15 @@ class GatewayProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+class GatewayProcess(ServiceProcess):
+    name = "gateway"
+
+    def __init__(self, config: Path, log: Path, http_port: int) -> None:
+        super().__init__(["cloud_gateway", "run", "--config", str(config)], log, "CLOUD_GATEWAY_")
+        self.config = config
+        self.url = f"http://127.0.0.1:{http_port}"
 
 
 class BenchError(Exception):

@@ -31,9 +31,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gateway_ingest import (
     BenchError,
     GatewayProcess,
+    ServiceProcess,
     free_ports,
     gateway_toml,
     pct,
@@ -70,61 +69,12 @@ SCRAPE_HEADERS = {
 START_TIMEOUT = 30.0
 
 
-def _proc_cpu(pid: int) -> float:
-    """utime + stime of ``pid`` (all threads), seconds."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    rest = stat[stat.rindex(")") + 2 :].split()  # fields from 3 on; comm may hold spaces
-    return (int(rest[14 - 3]) + int(rest[15 - 3])) / os.sysconf("SC_CLK_TCK")
+class AgentProcess(ServiceProcess):
+    name = "agent"
 
-
-class AgentProcess:
     def __init__(self, config: Path, log: Path, gpus: int) -> None:
-        self.config, self.log, self.gpus = config, log, gpus
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "edge_agent", "run"),
-                    *("--config", str(self.config), "--simulate", str(self.gpus)),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise BenchError(f"the agent exited with status {self.proc.returncode}")
-
-    def cpu(self) -> float:
-        return _proc_cpu(self.pid)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        argv = ["edge_agent", "run", "--config", str(config), "--simulate", str(gpus)]
+        super().__init__(argv, log, "EDGE_AGENT_")
 
 
 def agent_toml(pki: Pki, listen_port: int, ssh_port: int) -> str:

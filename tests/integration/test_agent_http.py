@@ -82,6 +82,13 @@ def test_promtool_finds_nothing_but_the_compatible_names(tmp_path: Path, promtoo
         assert unexpected_findings(promtool, body) == []
 
 
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>``: one of our CLIs, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,24 +152,7 @@ def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["prometheus", "json", "bie"])
 def test_once_formats(fmt: str) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "once",
-            "--simulate",
-            "1",
-            "--format",
-            fmt,
-            "--node-name",
-            "n1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_module("edge_agent", "once", "--simulate", "1", "--format", fmt, "--node-name", "n1")
     assert proc.returncode == 0, proc.stderr
     if fmt == "prometheus":
         assert "# TYPE DCGM_FI_DEV_GPU_UTIL gauge" in proc.stdout
@@ -177,13 +167,7 @@ def test_once_formats(fmt: str) -> None:
 def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "a.toml"
     cfg.write_text("listen = 5\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "once", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_module("edge_agent", "once", "--config", str(cfg))
     assert proc.returncode == 2
     assert proc.stderr.strip() == "edge-agent: error: listen must be of type str, got 5"
 
@@ -191,26 +175,14 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_gateway_cli_errors_are_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.toml"
     cfg.write_text("[ssh]\nlisten = 'nope'\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "cloud_gateway", "run", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_module("cloud_gateway", "run", "--config", str(cfg))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "cloud-gateway: error: ssh.listen 'nope' must look like HOST:PORT"
     )
     missing_ca = tmp_path / "gw2.toml"
     missing_ca.write_text(f"[ssh]\nuser_ca = '{tmp_path / 'nope.pub'}'\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "cloud_gateway", "run", "--config", str(missing_ca)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_module("cloud_gateway", "run", "--config", str(missing_ca))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "ssh.user_ca" in proc.stderr
 
