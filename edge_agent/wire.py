@@ -17,11 +17,16 @@ stay short):
   flush's constant ``00 00 ff ff`` tail left off (the decoder puts it back, as RFC 7692
   does). Structure repeated across frames (label sets, unchanged series ids) costs almost
   nothing. A payload may inflate to at most ``max_frame_bytes``.
-- ACK, ERROR, GOODBYE travel uncompressed (tiny, and an ERROR must always be readable).
+- ACK, ERROR, GOODBYE travel uncompressed (tiny, and an ERROR must always be readable),
+  and so does REPLAY (its record is compressed already).
 - HELLO: compact UTF-8 JSON ``{"agent_version", "node", "domain", "backend",
   "driver_version", "hostname", "interval_seconds", "gpus": [GpuInventory fields]}``.
 - DECLARE: JSON ``{"series": [{"id", "name", "type", "help", "labels": [[k, v], ...]}]}``.
-- ERROR: JSON ``{"code", "message"}``. GOODBYE: JSON ``{"reason"}``. ACK: ``uvarint seq``.
+- ERROR: JSON ``{"code", "message"}``. GOODBYE: JSON ``{"reason"}``. ACK: ``uvarint seq``
+  (that one batch or replay is safely taken: applied, and accepted by remote write if on).
+- REPLAY: ``uvarint seq | record`` (:mod:`edge_agent.record`): a spooled collection, sent
+  again after a reconnect, in any order relative to BATCH frames; its seq is not checked
+  against the connection's BATCH order (the receiver dedupes seqs instead).
 - BATCH::
 
       u8       flags                   bit 0: full; other bits 0
@@ -73,6 +78,7 @@ class FrameType(IntEnum):
     ACK = 4  # gateway -> agent: batches up to seq are applied
     ERROR = 5  # either way: a clear error; the sender closes the connection after it
     GOODBYE = 6  # gateway -> agent: shutting down, reconnect later
+    REPLAY = 7  # agent -> gateway: one spooled collection, self-contained (edge_agent.record)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +129,18 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Replay:
+    """A collection from the agent's spool, sent again (after an outage or a lost ACK).
+
+    Self-contained: ``record`` is an :mod:`edge_agent.record` byte string, decoded by the
+    receiver with :func:`edge_agent.record.decode_record`. Not ordered with BATCH frames or
+    with each other; ``seq`` is the one the collection got when it was taken."""
+
+    seq: int
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Ack:
     seq: int
 
@@ -138,7 +156,7 @@ class Goodbye:
     reason: str
 
 
-Frame = Hello | Declare | Batch | Ack | ErrorFrame | Goodbye
+Frame = Hello | Declare | Batch | Replay | Ack | ErrorFrame | Goodbye
 
 
 class WireError(Exception):
@@ -712,6 +730,15 @@ class FrameEncoder:
                 body = _json(_hello_json(frame))
                 _parse_hello(body)  # the same checks the gateway makes, once per connection
                 return FrameType.HELLO, body, s.greet
+            if isinstance(frame, Replay):
+                s.check_greeted("REPLAY")
+                if type(frame.seq) is not int or not 0 <= frame.seq <= _MAX_SEQ:
+                    raise WireError("malformed", f"REPLAY seq {_show(frame.seq)} is out of range")
+                if not isinstance(frame.record, bytes):
+                    raise WireError("malformed", "REPLAY record is not bytes")
+                out = bytearray()
+                _put(out, frame.seq)
+                return FrameType.REPLAY, bytes(out) + frame.record, None
             if isinstance(frame, Ack):
                 if type(frame.seq) is not int or not 0 <= frame.seq <= _MAX_SEQ:
                     raise WireError("malformed", f"ACK seq {_show(frame.seq)} is out of range")
@@ -867,6 +894,12 @@ class FrameDecoder:
                 hello = _parse_hello(body)
                 s.greet()
                 return hello
+            if ftype is FrameType.REPLAY:
+                s.check_greeted("REPLAY")
+                seq, pos = _uvarint(body, 0)
+                if seq > _MAX_SEQ:
+                    raise WireError("malformed", f"REPLAY seq {seq} is not in 0..2**63-1")
+                return Replay(seq=seq, record=body[pos:])
             if ftype is FrameType.ACK:
                 return _parse_ack(body)
             if ftype is FrameType.ERROR:
