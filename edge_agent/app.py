@@ -34,7 +34,9 @@ from edge_agent.config import AgentConfig, resolve_node_name
 from edge_agent.errors import AgentError, NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
+from edge_agent.outbox import Outbox
 from edge_agent.sdnotify import notify
+from edge_agent.spool import Spool, SpoolLimits
 from edge_agent.tunnel import Published, Tunnel
 from edge_agent.wire import Hello
 from edge_agent.xid import XidWatcher
@@ -217,6 +219,8 @@ class Agent:
                 node=self.pipeline.node,
                 hello=self.hello,
                 publish=self.published_endpoints(),
+                outbox=self._outbox(),
+                replay_batches_per_second=self.cfg.spool.replay_batches_per_second,
             )
             self.pipeline.collection.extra.append(self.tunnel.metrics)
             self.tunnel.submit(snapshot)
@@ -224,6 +228,27 @@ class Agent:
         else:
             log.info("no gateway.address configured: serving locally only, not pushing")
         notify("READY=1")
+
+    def _outbox(self) -> Outbox:
+        sp = self.cfg.spool
+        if not sp.enabled:
+            log.warning(
+                "spool disabled: collections taken while the gateway is unreachable are lost"
+            )
+            return Outbox(None, max_in_flight=sp.max_in_flight)
+        spool = Spool(
+            sp.path, limits=SpoolLimits(max_bytes=sp.max_bytes, max_age_seconds=sp.max_age_seconds)
+        )
+        st = spool.stats()
+        log.info(
+            "spool %s: %d batches (%d bytes) waiting; bounds %d bytes, %gs",
+            sp.path,
+            st.batches,
+            st.bytes,
+            sp.max_bytes,
+            sp.max_age_seconds,
+        )
+        return Outbox(spool, max_in_flight=sp.max_in_flight)
 
     def reload(self, new: AgentConfig) -> list[str]:
         """Apply what is safe to change while running (log level, intervals); returns the
@@ -291,6 +316,8 @@ class Agent:
             self._tunnel_task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._tunnel_task
+        if self.tunnel is not None:
+            self.tunnel.outbox.close()
         if self.runner is not None:
             await self.runner.cleanup()
         if self.pipeline is not None:

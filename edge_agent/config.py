@@ -80,6 +80,24 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpoolConfig:
+    """The durable spool (edge_agent.spool): every collection is committed here before it
+    is sent and leaves when the gateway acknowledged it. Used only when a gateway is set."""
+
+    enabled: bool = True
+    directory: Path = Path("/var/lib/edge-gpu-relay")  # systemd StateDirectory
+    max_bytes: int = 256 * 1024 * 1024
+    max_age_seconds: float = 24 * 3600
+    # After a reconnect: backlog batches sent per second, interleaved with live ones.
+    replay_batches_per_second: float = 50.0
+    max_in_flight: int = 64  # batches sent and not yet acknowledged, at most
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "spool.sqlite"
+
+
+@dataclass(frozen=True, kw_only=True)
 class PublishConfig:
     """One endpoint the gateway may reach through this agent's tunnel, as NODE:PORT.
 
@@ -110,6 +128,7 @@ class AgentConfig:
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    spool: SpoolConfig = field(default_factory=SpoolConfig)
     # Endpoints reachable through the tunnel. The agent's own exporter is always offered
     # (as NODE:<listen port>) unless publish_agent is false; nothing else is reachable.
     publish_agent: bool = True
@@ -158,6 +177,11 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("simulate.gpus must be between 0 and 64")
     if cfg.log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("log_level must be one of debug, info, warning, error")
+    sp = cfg.spool
+    if sp.max_bytes <= 0 or sp.max_age_seconds <= 0:
+        raise ConfigError("spool.max_bytes and spool.max_age_seconds must be > 0")
+    if sp.replay_batches_per_second <= 0 or sp.max_in_flight < 1:
+        raise ConfigError("spool.replay_batches_per_second must be > 0, spool.max_in_flight >= 1")
     seen: set[tuple[str, int]] = set()
     for entry in cfg.publish:
         if not (1 <= entry.port <= 65535 and 0 <= entry.target_port <= 65535):

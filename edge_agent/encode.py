@@ -82,7 +82,10 @@ class SnapshotEncoder:
         """A new connection: re-declare every live series and send a full batch next."""
         self._fresh = True
 
-    def frames(self, snapshot: Snapshot) -> list[Frame]:
+    def frames(self, snapshot: Snapshot, *, seq: int | None = None) -> list[Frame]:
+        """Frames for one collection; ``seq`` (increasing) replaces the encoder's own count."""
+        if seq is not None:
+            self._seq = seq
         families = {f.name: f for f in snapshot.families}
         self.over_limit = 0
         current: dict[int, float] = {}

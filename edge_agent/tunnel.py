@@ -14,6 +14,7 @@ second. The local HTTP endpoints keep serving whatever happens here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -28,6 +29,8 @@ from edge_agent.config import GatewayConfig
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.model import Family, SampleSink, Snapshot
+from edge_agent.outbox import Delivery, Outbox
+from edge_agent.spool import DROP_REASONS
 from edge_agent.wire import (
     Ack,
     ErrorFrame,
@@ -35,6 +38,7 @@ from edge_agent.wire import (
     FrameEncoder,
     Goodbye,
     Hello,
+    Replay,
     WireError,
 )
 
@@ -79,6 +83,53 @@ TUNNEL_FAMILIES = (
         name="gpurelay_agent_proxy_refused_total",
         type="counter",
         help="Connections from the gateway to endpoints that are not published, refused.",
+    ),
+    Family(
+        name="gpurelay_agent_replayed_batches_total",
+        type="counter",
+        help="Spooled batches sent again (REPLAY frames) after a reconnect or a lost ACK.",
+    ),
+    Family(
+        name="gpurelay_agent_gateway_in_flight_batches",
+        type="gauge",
+        help="Batches sent on the current connection and not yet acknowledged.",
+    ),
+)
+SPOOL_FAMILIES = (
+    Family(
+        name="gpurelay_agent_spool_batches",
+        type="gauge",
+        help="Batches in the durable spool (not yet acknowledged by the gateway).",
+    ),
+    Family(
+        name="gpurelay_agent_spool_bytes",
+        type="gauge",
+        help="Payload bytes in the durable spool.",
+    ),
+    Family(
+        name="gpurelay_agent_spool_oldest_age_seconds",
+        type="gauge",
+        help="Age of the oldest batch in the spool (0 when empty).",
+    ),
+    Family(
+        name="gpurelay_agent_spool_dropped_batches_total",
+        type="counter",
+        help="Batches dropped unsent: spool bound reached (bytes, age) or too large to send.",
+    ),
+    Family(
+        name="gpurelay_agent_spool_write_errors_total",
+        type="counter",
+        help="Spool operations that failed (full or read-only disk, I/O error).",
+    ),
+    Family(
+        name="gpurelay_agent_spool_healthy",
+        type="gauge",
+        help="1 while the spool can be written; 0 while live batches go out unspooled.",
+    ),
+    Family(
+        name="gpurelay_agent_spool_unspooled_batches_total",
+        type="counter",
+        help="Collections the spool could not take (sent live only, if the link was up).",
     ),
 )
 
@@ -155,6 +206,8 @@ class Tunnel:
         hello: Callable[[], Hello],
         encoder: SnapshotEncoder | None = None,
         publish: Sequence[Published] = (),
+        outbox: Outbox | None = None,
+        replay_batches_per_second: float = 50.0,
     ) -> None:
         self._publish = tuple(publish)
         self._cfg = cfg
@@ -162,10 +215,11 @@ class Tunnel:
         self._hello = hello
         self._key, self._cert = load_client_key(cfg)
         self._known_hosts = load_known_hosts(cfg)
-        # Sequence numbers must keep increasing across agent restarts (the gateway ignores
-        # a batch whose seq it has seen): start from the wall clock in milliseconds.
-        self._snapshots = encoder or SnapshotEncoder(first_seq=int(time.time() * 1000))
-        self._latest: Snapshot | None = None
+        self._snapshots = encoder or SnapshotEncoder()
+        # Sequence numbers (persisted in the spool) and what to send next.
+        self.outbox = outbox or Outbox(None)
+        self._replay_interval = 1.0 / replay_batches_per_second
+        self._delivery: Delivery | None = None
         self._wakeup = asyncio.Event()
         self.stats = TunnelStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
@@ -183,10 +237,32 @@ class Tunnel:
         sink.add("gpurelay_agent_gateway_sent_bytes_total", (), st.bytes_sent)
         sink.add("gpurelay_agent_gateway_acked_seq", (), st.acked_seq)
         sink.add("gpurelay_agent_proxy_refused_total", (), st.proxy_refused)
+        sink.add("gpurelay_agent_replayed_batches_total", (), self.outbox.replayed)
+        delivery = self._delivery
+        in_flight = len(delivery.in_flight) if delivery is not None and st.connected else 0
+        sink.add("gpurelay_agent_gateway_in_flight_batches", (), in_flight)
+        spool = self.outbox.spool
+        if spool is None:
+            return
+        for fam in SPOOL_FAMILIES:
+            sink.declare(fam)
+        ss = spool.stats()
+        sink.add("gpurelay_agent_spool_batches", (), ss.batches)
+        sink.add("gpurelay_agent_spool_bytes", (), ss.bytes)
+        sink.add("gpurelay_agent_spool_oldest_age_seconds", (), round(ss.oldest_age_seconds, 3))
+        dropped = dict(ss.dropped)
+        dropped["oversize"] = self.outbox.discarded
+        for reason in (*DROP_REASONS, "oversize"):
+            n = dropped.get(reason, 0)
+            sink.add("gpurelay_agent_spool_dropped_batches_total", (("reason", reason),), n)
+        sink.add("gpurelay_agent_spool_write_errors_total", (), ss.write_errors)
+        sink.add("gpurelay_agent_spool_healthy", (), 1.0 if ss.healthy else 0.0)
+        sink.add("gpurelay_agent_spool_unspooled_batches_total", (), self.outbox.unspooled)
 
     def submit(self, snapshot: Snapshot) -> None:
-        """Hand over the newest collection; an older one not yet sent is superseded."""
-        self._latest = snapshot
+        """Number and spool the newest collection; it goes out next as the live batch (an
+        older one not sent yet is superseded live and goes out later from the spool)."""
+        self.outbox.put(snapshot)
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -296,6 +372,7 @@ class Tunnel:
     ) -> None:
         frames = FrameEncoder()
         self._snapshots.reset()
+        self._delivery = None
         self._write(writer, frames.encode(self._hello()))
         receiver = asyncio.create_task(self._receive(reader))
         sender = asyncio.create_task(self._send_loop(writer, frames))
@@ -310,18 +387,39 @@ class Tunnel:
             writer.close()
 
     async def _send_loop(self, writer: asyncssh.SSHWriter[bytes], frames: FrameEncoder) -> None:
-        if self._latest is not None:
-            self._wakeup.set()  # send the newest collection right after (re)connecting
+        """Live first, backlog between live batches (see edge_agent.outbox)."""
+        delivery = self._delivery = self.outbox.delivery()
+        next_replay = time.monotonic()
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            snapshot = self._latest
-            if snapshot is None:
+            self._wakeup.clear()  # before looking: a submit or an ACK after this wakes us
+            live = delivery.next_live()
+            if live is not None:
+                seq, snapshot = live
+                for frame in self._snapshots.frames(snapshot, seq=seq):
+                    self._write(writer, frames.encode(frame))
+                delivery.sent_live(seq)
+                self.stats.batches_sent += 1
+                await writer.drain()
                 continue
-            for frame in self._snapshots.frames(snapshot):
-                self._write(writer, frames.encode(frame))
-            self.stats.batches_sent += 1
-            await writer.drain()
+            timeout: float | None = None
+            if delivery.room():
+                now = time.monotonic()
+                if now < next_replay:
+                    timeout = next_replay - now
+                elif (batch := delivery.next_replay()) is not None:
+                    try:
+                        data = frames.encode(Replay(seq=batch.seq, record=batch.payload))
+                    except WireError as exc:  # over the frame limit: can never be sent
+                        self.log.error("spooled batch %d cannot be sent: %s", batch.seq, exc)
+                        delivery.discard(batch.seq)
+                        continue
+                    self._write(writer, data)
+                    delivery.sent_replay(batch.seq)
+                    next_replay = max(next_replay + self._replay_interval, now - 1.0)
+                    await writer.drain()
+                    continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     def _write(self, writer: asyncssh.SSHWriter[bytes], data: bytes) -> None:
         writer.write(data)
@@ -340,10 +438,16 @@ class Tunnel:
             except WireError as exc:
                 self.stats.fail("protocol", str(exc))
                 raise TunnelError(f"gateway sent an invalid frame: {exc}") from exc
+            acked = [frame.seq for frame in incoming if isinstance(frame, Ack)]
+            if acked:
+                self.stats.acked_seq = max(self.stats.acked_seq, *acked)
+                if self._delivery is not None:
+                    self._delivery.acked(acked)
+                self._wakeup.set()  # room for more replays
             for frame in incoming:
                 if isinstance(frame, Ack):
-                    self.stats.acked_seq = max(self.stats.acked_seq, frame.seq)
-                elif isinstance(frame, Goodbye):
+                    continue
+                if isinstance(frame, Goodbye):
                     self.log.info("gateway is going away: %s", frame.reason)
                     return
                 elif isinstance(frame, ErrorFrame):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -17,7 +18,7 @@ from cloud_gateway import certs
 from cloud_gateway.app import Gateway
 from cloud_gateway.config import GatewayConfig, HttpConfig, RegistryConfig, SshConfig
 from edge_agent.app import Agent
-from edge_agent.config import AgentConfig, SimulateConfig
+from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig
 from edge_agent.config import GatewayConfig as AgentGatewayConfig
 
 TOKEN = "test-operator-token"
@@ -75,8 +76,13 @@ def agent_config(
     creds: certs.Credentials | None = None,
     gpus: int = 1,
     node_name: str | None = None,
+    spool_dir: Path | None = None,
 ) -> AgentConfig:
+    """An agent of ``node``; each call gets its own spool directory unless one is given
+    (two agents must not share a spool: their sequence numbers would collide)."""
     creds = creds or pki.node(node)
+    if spool_dir is None:
+        spool_dir = Path(tempfile.mkdtemp(prefix=f"spool-{node}-", dir=pki.ca.dir.parent))
     return AgentConfig(
         node_name=node_name or node,
         listen="127.0.0.1:0",
@@ -92,6 +98,7 @@ def agent_config(
             backoff_max_seconds=0.5,
             connect_timeout_seconds=5,
         ),
+        spool=SpoolConfig(directory=spool_dir),
     )
 
 
