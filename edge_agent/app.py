@@ -42,6 +42,7 @@ from edge_agent.wire import Hello
 from edge_agent.xid import XidWatcher
 
 log = logging.getLogger("edge_agent")
+SPOOL_RECOVERY_SECONDS = 300.0  # a full-disk episode ends after this long without a failure
 
 SIMULATION_BANNER = (
     "*** SIMULATED GPUs: {n} simulated GPU(s), seed {seed}{mig}. These values are synthetic, "

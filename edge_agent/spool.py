@@ -27,7 +27,9 @@ Guarantees (``journal_mode=WAL``, ``synchronous=NORMAL``):
   (lowest seq) go first, each is counted in ``stats().dropped[reason]`` and the episode is
   logged once when it starts and once when it stops.
 * A full or read-only disk never raises: ``put`` returns False, ``write_errors`` counts it,
-  one error line per episode, and every later ``put`` retries (recovery is logged). The
+  one error line per episode, and every later ``put`` retries (recovery is logged once
+  ``recovery_seconds`` passed without a failure: a nearly full disk lets some writes
+  through, and the episode should not flap). The
   caller sends such batches live without spooling.
 * A corrupt database at open (or detected later) is moved aside to
   ``<name>.corrupt-<unix-ts>`` and a fresh one started. The high-water sequence number is
@@ -137,8 +139,13 @@ class Spool:
         limits: SpoolLimits = SpoolLimits(),  # frozen, so sharing is safe
         clock: Callable[[], float] = time.time,
         connect: Connect = default_connect,
+        recovery_seconds: float = 0.0,
     ) -> None:
         self.path = Path(path)
+        # A nearly full disk lets some writes through (SQLite reuses freed pages): a failing
+        # episode ends only after this long without a failure, so the log does not flap.
+        self._recovery_seconds = recovery_seconds
+        self._ok_since: float | None = None
         self.limits = limits
         self._clock = clock
         self._connect = connect
@@ -438,6 +445,7 @@ class Spool:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
         self._write_errors += 1
+        self._ok_since = None
         if self._failing_since_errors is None:
             self._failing_since_errors = self._write_errors - 1
             log.error(
@@ -455,6 +463,12 @@ class Spool:
     def _recovered(self) -> None:
         if self._failing_since_errors is None:
             return
+        now = self._clock()
+        if self._ok_since is None or now < self._ok_since:
+            self._ok_since = now
+        if now - self._ok_since < self._recovery_seconds:
+            return
+        self._ok_since = None
         failed = self._write_errors - self._failing_since_errors
         self._failing_since_errors = None
         log.warning(

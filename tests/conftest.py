@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,38 @@ def promtool() -> Path:
 @pytest.fixture(scope="session")
 def prometheus_bin() -> Path:
     return required_tool("prometheus", "EDGE_GPU_RELAY_REQUIRE_PROMETHEUS", "prometheus")
+
+
+@contextlib.contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``mnt`` (root only) for full-disk tests; skips without the
+    privilege, fails instead when CI sets EDGE_GPU_RELAY_REQUIRE_MOUNT=1."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        reason = proc.stderr.strip() or f"exit {proc.returncode}"
+        ok = proc.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, reason = False, str(exc)
+    if not ok:
+        message = f"cannot mount a small tmpfs here ({reason}); needs root with CAP_SYS_ADMIN"
+        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_MOUNT") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=10, check=False)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs."""
+    with small_tmpfs(tmp_path / "tiny", "256k") as mnt:
+        yield mnt

@@ -10,10 +10,8 @@ GPU processes live in a fake host tree with Kubernetes pods:
   then ``LABEL="name"`` or ``LABEL=~"a|b"``; ``<<.GroupBy>>`` is the resource's label) for
   nodes, namespaces and pods, run, and compared with the same aggregate computed here from
   the raw series (the GPU memory ratio included);
-* every panel query of both dashboards, with the variables substituted, returns data. The
-  spool backlog panels read metrics that agents do not export yet (``FUTURE_METRICS``):
-  those queries must be valid PromQL, and may come back empty only while no such series
-  exists in Prometheus; once agents export them, they must return data like the others.
+* every panel query of both dashboards, with the variables substituted, returns data
+  (the spool backlog panels included: the agents export gpurelay_agent_spool_*).
 """
 
 from __future__ import annotations
@@ -71,12 +69,6 @@ TEMPLATE_FIELDS = {"Series", "LabelMatchers", "GroupBy", "LabelValuesByName", "G
 DCGM_EXPORTER_LABELS = {"Hostname", "gpu", "UUID", "modelName"}
 # Exported by the agent's next release (the durable spool). Queries reading them may be
 # empty while Prometheus has no such series at all; see the module docstring.
-FUTURE_METRICS = (
-    "gpurelay_agent_spool_batches",
-    "gpurelay_agent_spool_bytes",
-    "gpurelay_agent_spool_oldest_age_seconds",
-    "gpurelay_agent_spool_dropped_batches_total",
-)
 # Grafana's built-in variables, as Grafana would fill them for a recent time range.
 BUILTINS = {
     "__rate_interval": "1m",
@@ -309,12 +301,6 @@ def test_dashboard_is_importable_and_uses_a_datasource_variable(name: str) -> No
         if "DCGM_FI_DEV_" in expr and "DCGM_CUSTOM_" not in expr:
             extra = labels_used(expr) - DCGM_EXPORTER_LABELS
             assert not extra, f"device panel {title!r} uses labels {extra}: {expr}"
-
-
-def test_future_metrics_list_names_only_what_the_dashboards_read() -> None:
-    exprs = "\n".join(t["expr"] for d in dashboards().values() for _, t in targets(d))
-    for metric in FUTURE_METRICS:
-        assert metric in exprs, f"{metric} is in FUTURE_METRICS but no panel reads it"
 
 
 # --- against a real Prometheus ------------------------------------------------------------------
@@ -554,7 +540,6 @@ def expected(
 async def check_dashboards(prom: Prometheus) -> str:
     """Run every panel query; returns the node dashboard's pod memory ratio query."""
     ratio_panel = ""
-    future_present = {m for m in FUTURE_METRICS if await prom.series(m)}
     for name, dashboard in dashboards().items():
         variables = dict(BUILTINS, datasource="unused")
         for v in dashboard["templating"]["list"]:
@@ -575,9 +560,6 @@ async def check_dashboards(prom: Prometheus) -> str:
                 result = await prom.query(expr)  # a PromQL error fails right here
                 if result:
                     continue
-                future = [m for m in FUTURE_METRICS if m in expr]
-                if future and not set(future) & future_present:
-                    continue  # reads only metrics no agent exports yet
                 empty.append(f"{title!r}: {expr}")
             return "no data from\n  " + "\n  ".join(empty) if empty else ""
 

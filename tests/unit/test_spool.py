@@ -7,7 +7,6 @@ import logging
 import os
 import sqlite3
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,6 @@ import pytest
 
 from edge_agent.spool import Spool, SpooledBatch, SpoolLimits
 from tests.agent_support import FakeClock
-
-REQUIRE_MOUNT = os.environ.get("EDGE_GPU_RELAY_REQUIRE_MOUNT") == "1"
 
 
 @pytest.fixture
@@ -272,33 +269,6 @@ def test_unopenable_at_start_is_retried_by_put(
     assert (st.healthy, st.write_errors) == (True, 2)
     assert sum("cannot be written" in r.getMessage() for r in caplog.records) == 1
     spool.close()
-
-
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    try:
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-        reason = proc.stderr.strip() or f"exit {proc.returncode}"
-        ok = proc.returncode == 0
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        ok, reason = False, str(exc)
-    if not ok:
-        message = f"cannot mount a small tmpfs here ({reason}); needs root with CAP_SYS_ADMIN"
-        if REQUIRE_MOUNT:
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=10, check=False)
 
 
 def test_real_full_filesystem(
