@@ -307,6 +307,10 @@ class Node:
     sender: asyncio.Task[None] | None = None
 
 
+def _constant(hello: Hello) -> Callable[[], Hello]:
+    return lambda: hello
+
+
 def make_nodes(
     pki: Pki,
     count: int,
@@ -337,7 +341,7 @@ def make_nodes(
             interval_seconds=interval,
             gpus=hello_gpus,
         )
-        tunnel = Tunnel(cfg, node=name, hello=lambda h=hello: h)
+        tunnel = Tunnel(cfg, node=name, hello=_constant(hello))
         stats = RecordingStats()
         tunnel.stats = stats
         nodes.append(Node(name, tunnel, stats, start=k % spread))

@@ -6,6 +6,9 @@ push a small snapshot to a gateway running as its own process. The gateway is re
 Reports the time until every agent is back and the spread of their reconnect times: the
 agents' full-jitter backoff must keep them from all returning in the same second.
 
+The measurement is :func:`run_storm` (tests/integration/test_reconnect_storm.py runs it
+in CI); this script prints its report.
+
 Run: .venv/bin/python bench/reconnect_storm.py [--nodes 500] [--backoff 1.0]
 """
 
@@ -19,11 +22,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gateway_ingest import GatewayProcess, free_ports, gateway_toml
+from bench.gateway_ingest import BenchError, GatewayProcess, free_ports, gateway_toml
 from edge_agent.config import GatewayConfig as AgentGatewayConfig
 from edge_agent.model import Family, Sample, Snapshot
 from edge_agent.tunnel import Tunnel
@@ -31,6 +39,58 @@ from edge_agent.wire import Hello
 from tests.gateway_support import gateway_config, make_pki
 
 FAMILY = Family(name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help="util")
+READY_TIMEOUT = 60.0  # a fresh gateway process: imports, host key, listeners
+
+
+class StormError(BenchError):
+    """The storm could not be measured: agents did not come back, or no gateway was ready.
+    (A gateway process that exits on its own raises BenchError.)"""
+
+
+@dataclass(frozen=True)
+class StormResult:
+    """One reconnect storm. Times in seconds; "after the restart" counts from the moment
+    the old gateway was sent SIGTERM."""
+
+    nodes: int
+    backoff: float
+    certificate_seconds: float  # issuing every node certificate
+    initial_connect_seconds: float  # every agent dialling at once, until all connected
+    gateway_stop_seconds: float  # SIGTERM to exit: GOODBYE to every agent, drain
+    gateway_exit_status: int | None  # the old gateway's exit status (0: clean shutdown)
+    ready_seconds: float  # restart until the new gateway answers /readyz with 200
+    all_back_seconds: float  # restart until every agent is connected again
+    reconnect_seconds: tuple[float, ...]  # per agent: restart until it was connected again
+    busiest_second: int  # most reconnects within one whole second after the restart
+    seconds_with_reconnects: int  # distinct whole seconds that saw a reconnect
+    failures: int  # failed connection attempts, all agents, whole run
+    gateway_cpu_seconds: float  # CPU of the new gateway from its start until all back
+    final_exit_status: int | None = None  # the new gateway's status when stopped at the end
+
+    @property
+    def busiest_share(self) -> float:
+        return self.busiest_second / max(1, len(self.reconnect_seconds))
+
+    def lines(self) -> list[str]:
+        """The report, one figure per line (what ``main`` prints)."""
+        times = self.reconnect_seconds
+        return [
+            f"issued {self.nodes} node certificates in {self.certificate_seconds:.1f}s",
+            f"initial connect of all agents: {self.initial_connect_seconds:.1f}s "
+            "(they all dial at once)",
+            f"gateway stop (GOODBYE + drain) took {self.gateway_stop_seconds:.1f}s "
+            f"(exit status {self.gateway_exit_status}); "
+            f"ready again {self.ready_seconds:.1f}s after the restart began",
+            f"all {len(times)} agents back {self.all_back_seconds:.1f}s after the restart began",
+            f"reconnect times after the restart began: min {min(times):.2f}  "
+            f"median {statistics.median(times):.2f}  p95 {pct(times, 0.95):.2f}  "
+            f"max {max(times):.2f} s",
+            f"busiest second: {self.busiest_second} reconnects "
+            f"({self.busiest_share:.0%} of the fleet); "
+            f"seconds with reconnects: {self.seconds_with_reconnects}",
+            f"failed attempts during the storm (all agents): {self.failures}",
+            f"new gateway CPU from start to all back: {self.gateway_cpu_seconds:.2f}s",
+        ]
 
 
 def snapshot(node: str) -> Snapshot:
@@ -43,123 +103,36 @@ def snapshot(node: str) -> Snapshot:
     )
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: tuple[float, ...] | list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def wait_all(tunnels: list[Tunnel], *, since: float, timeout: float) -> list[float]:
-    """Per tunnel, when it (re)connected after ``since`` (monotonic-free: wall clock)."""
+def _back(tunnel: Tunnel, since: float) -> bool:
+    return tunnel.stats.connected and tunnel.stats.connected_since >= since
+
+
+async def wait_all(
+    tunnels: list[Tunnel], gateway: GatewayProcess, *, since: float, timeout: float
+) -> list[float]:
+    """Per tunnel, how long after ``since`` (wall clock, like ``connected_since``) it was
+    connected; raises StormError when some are not connected within ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        back = [t.stats.connected and t.stats.connected_since >= since for t in tunnels]
-        if all(back):
+        if all(_back(t, since) for t in tunnels):
             return [t.stats.connected_since - since for t in tunnels]
+        gateway.check_alive()
         await asyncio.sleep(0.05)
-    missing = sum(
-        1 for t in tunnels if not (t.stats.connected and t.stats.connected_since >= since)
+    missing = sum(1 for t in tunnels if not _back(t, since))
+    raise StormError(
+        f"{missing} of {len(tunnels)} agents did not come back within {timeout:g}s; "
+        "gateway log:\n" + gateway.log_tail()
     )
-    raise SystemExit(f"{missing} of {len(tunnels)} agents did not come back within {timeout:.0f}s")
 
 
-async def main() -> None:
-    logging.basicConfig(level=logging.ERROR)  # every refused dial would log a warning
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument(
-        "--backoff",
-        type=float,
-        default=1.0,
-        help="agents' backoff_initial_seconds (the after-restart pause is uniform in 0..10x this)",
-    )
-    args = parser.parse_args()
-    print(
-        f"reconnect storm: {args.nodes} agents, backoff_initial {args.backoff:g}s; "
-        f"python {sys.version.split()[0]}, loopback"
-    )
-    with tempfile.TemporaryDirectory(prefix="storm-") as tmp_name:
-        tmp = Path(tmp_name)
-        started = time.monotonic()
-        pki = make_pki(tmp)
-        creds = [pki.node(f"edge-{i:04d}") for i in range(args.nodes)]
-        print(f"  issued {args.nodes} node certificates in {time.monotonic() - started:.1f}s")
-        ssh_port, http_port = free_ports(2)
-        cfg = gateway_config(pki, ssh_port=ssh_port)
-        cfg = dataclasses.replace(
-            cfg,
-            drain_seconds=1.0,
-            http=dataclasses.replace(cfg.http, listen=f"127.0.0.1:{http_port}"),
-        )
-        config = tmp / "gateway.toml"
-        config.write_text(gateway_toml(cfg))
-        gateway = GatewayProcess(config, tmp / "gateway.log", http_port)
-        gateway.start()
-        await _ready(gateway)
-        tunnels = []
-        for i, c in enumerate(creds):
-            node = f"edge-{i:04d}"
-            gw_cfg = AgentGatewayConfig(
-                address=f"127.0.0.1:{ssh_port}",
-                known_hosts=pki.ca.known_hosts,
-                key=c.private_key,
-                certificate=c.certificate,
-                backoff_initial_seconds=args.backoff,
-                backoff_max_seconds=30.0,
-                connect_timeout_seconds=30.0,
-            )
-            tunnel = Tunnel(
-                gw_cfg, node=node, hello=lambda n=node: Hello(agent_version="bench", node=n)
-            )
-            tunnel.submit(snapshot(node))
-            tunnels.append(tunnel)
-        t0 = time.time()
-        tasks = [asyncio.create_task(t.run()) for t in tunnels]
-        first = await wait_all(tunnels, since=0.0, timeout=300)
-        print(f"  initial connect of all agents: {time.time() - t0:.1f}s (they all dial at once)")
-        del first
-        # --- the restart ---
-        restart = time.time()
-        cpu_before = gateway.sample().cpu_seconds
-        gateway.stop()
-        stopped = time.time()
-        gateway.start()
-        await _ready(gateway)
-        up = time.time()
-        times = await wait_all(tunnels, since=restart, timeout=600)
-        back = time.time()
-        cpu = gateway.sample().cpu_seconds - cpu_before
-        failures = sum(sum(t.stats.failures.values()) for t in tunnels)
-        per_second: dict[int, int] = {}
-        for t in times:
-            per_second[int(t)] = per_second.get(int(t), 0) + 1
-        print(
-            f"  gateway stop (GOODBYE + drain) took {stopped - restart:.1f}s; "
-            f"ready again {up - restart:.1f}s after the restart began"
-        )
-        print(f"  all {len(times)} agents back {back - restart:.1f}s after the restart began")
-        print(
-            f"  reconnect times after the restart began: min {min(times):.2f}  "
-            f"median {statistics.median(times):.2f}  p95 {pct(times, 0.95):.2f}  "
-            f"max {max(times):.2f} s"
-        )
-        print(
-            f"  busiest second: {max(per_second.values())} reconnects "
-            f"({max(per_second.values()) / len(times):.0%} of the fleet); "
-            f"seconds with reconnects: {len(per_second)}"
-        )
-        print(f"  failed attempts during the storm (all agents): {failures}")
-        print(f"  new gateway CPU from start to all back: {cpu:.2f}s")
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        gateway.stop()
-
-
-async def _ready(gateway: GatewayProcess) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 30
-    async with httpx.AsyncClient() as client:
+async def wait_ready(gateway: GatewayProcess, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=5.0) as client:
         while time.monotonic() < deadline:
             gateway.check_alive()
             try:
@@ -168,7 +141,121 @@ async def _ready(gateway: GatewayProcess) -> None:
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.1)
-    raise SystemExit("the gateway did not become ready: " + gateway.log_tail())
+    raise StormError("the gateway did not become ready: " + gateway.log_tail())
+
+
+def _constant(hello: Hello) -> Callable[[], Hello]:
+    return lambda: hello
+
+
+async def run_storm(nodes: int, backoff: float, tmp: Path, *, timeout: float) -> StormResult:
+    """Connect ``nodes`` agents (backoff_initial_seconds ``backoff``) to a gateway process,
+    restart it and measure how they come back. ``tmp``: an empty directory for the PKI,
+    the gateway's config and its log (``gateway.log``). ``timeout`` bounds the initial
+    connect and, from the restart on, the wait for every agent to be back.
+    Raises StormError when the storm cannot be measured."""
+    started = time.monotonic()
+    pki = make_pki(tmp)
+    names = [f"edge-{i:04d}" for i in range(nodes)]
+    creds = [pki.node(name) for name in names]
+    certificate_seconds = time.monotonic() - started
+    ssh_port, http_port = free_ports(2)
+    cfg = gateway_config(pki, ssh_port=ssh_port)
+    cfg = dataclasses.replace(
+        cfg,
+        drain_seconds=1.0,
+        http=dataclasses.replace(cfg.http, listen=f"127.0.0.1:{http_port}"),
+    )
+    config = tmp / "gateway.toml"
+    config.write_text(gateway_toml(cfg))
+    gateway = GatewayProcess(config, tmp / "gateway.log", http_port)
+    tunnels: list[Tunnel] = []
+    for name, c in zip(names, creds, strict=True):
+        gw_cfg = AgentGatewayConfig(
+            address=f"127.0.0.1:{ssh_port}",
+            known_hosts=pki.ca.known_hosts,
+            key=c.private_key,
+            certificate=c.certificate,
+            backoff_initial_seconds=backoff,
+            backoff_max_seconds=30.0,
+            connect_timeout_seconds=30.0,
+        )
+        hello = Hello(agent_version="bench", node=name)
+        # No outbox: without a spool there is nothing to replay, only the reconnect.
+        tunnel = Tunnel(gw_cfg, node=name, hello=_constant(hello))
+        tunnel.submit(snapshot(name))
+        tunnels.append(tunnel)
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        gateway.start()
+        await wait_ready(gateway)
+        t0 = time.time()
+        tasks = [asyncio.create_task(t.run()) for t in tunnels]
+        await wait_all(tunnels, gateway, since=0.0, timeout=timeout)
+        initial = time.time() - t0
+        # --- the restart ---
+        restart = time.time()
+        cpu_before = gateway.sample().cpu_seconds
+        exit_status = await asyncio.to_thread(gateway.stop)
+        stopped = time.time()
+        gateway.start()
+        await wait_ready(gateway)
+        up = time.time()
+        times = await wait_all(tunnels, gateway, since=restart, timeout=timeout)
+        back = time.time()
+        cpu = gateway.sample().cpu_seconds - cpu_before
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        final_status = await asyncio.to_thread(gateway.stop)
+    per_second = Counter(int(t) for t in times)
+    return StormResult(
+        nodes=nodes,
+        backoff=backoff,
+        certificate_seconds=certificate_seconds,
+        initial_connect_seconds=initial,
+        gateway_stop_seconds=stopped - restart,
+        gateway_exit_status=exit_status,
+        ready_seconds=up - restart,
+        all_back_seconds=back - restart,
+        reconnect_seconds=tuple(times),
+        busiest_second=max(per_second.values()),
+        seconds_with_reconnects=len(per_second),
+        failures=sum(sum(t.stats.failures.values()) for t in tunnels),
+        gateway_cpu_seconds=cpu,
+        final_exit_status=final_status,
+    )
+
+
+async def main() -> None:
+    logging.basicConfig(level=logging.ERROR)  # every refused dial would log a warning
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        help="agents' backoff_initial_seconds (the after-restart pause is uniform in 0..10x this)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for all agents (initial connect; back after the restart)",
+    )
+    args = parser.parse_args()
+    print(
+        f"reconnect storm: {args.nodes} agents, backoff_initial {args.backoff:g}s; "
+        f"python {sys.version.split()[0]}, loopback"
+    )
+    with tempfile.TemporaryDirectory(prefix="storm-") as tmp_name:
+        try:
+            result = await run_storm(args.nodes, args.backoff, Path(tmp_name), timeout=args.timeout)
+        except BenchError as exc:
+            raise SystemExit(str(exc)) from None
+    for line in result.lines():
+        print("  " + line)
 
 
 if __name__ == "__main__":
