@@ -11,7 +11,6 @@ from edge_agent.outbox import Outbox
 from edge_agent.record import decode_record
 from edge_agent.spool import Spool
 
-
 NOW = time.time()
 
 
