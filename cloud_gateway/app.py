@@ -4,7 +4,8 @@ Startup loads the trust material (user CA, host key and certificate, revocation 
 binds SSH and HTTP, and only then reports ready (``/readyz``, systemd READY=1). Run ticks
 once a second: expire offline nodes, re-check live certificates against the revocation
 list, refresh the gateway's own metrics. Shutdown stops accepting, says GOODBYE to every
-agent, drains for ``drain_seconds``, then closes; signals only set the stop event.
+agent, drains for ``drain_seconds``, then closes (SSH, then remote write forwarding and its
+client, then HTTP); signals only set the stop event.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncssh
 from aiohttp import web
 
 from cloud_gateway.auth_policy import load_trusted_cas
-from cloud_gateway.config import GatewayConfig
+from cloud_gateway.config import GatewayConfig, check_remote_write
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
@@ -30,6 +32,7 @@ from cloud_gateway.http_api import HttpState, make_app
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import Registry, RegistryConfig
+from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.ssh_server import CertificatePolicy, SshServer
 from edge_agent.config import split_host_port
@@ -57,6 +60,15 @@ def _host_keys(cfg: GatewayConfig) -> list[tuple[asyncssh.SSHKey, asyncssh.SSHCe
     return [(key, cert)]
 
 
+def _redacted(url: str) -> str:
+    """``url`` without a password in it (user:password@host), for the log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 class Gateway:
     def __init__(self, cfg: GatewayConfig, *, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
@@ -70,7 +82,18 @@ class Gateway:
             )
         )
         self.exposition = Exposition(self.registry)
-        self.ingest = Ingest(self.registry, clock=clock)
+        self.limits = Limits(
+            max_frame_bytes=cfg.ssh.max_frame_bytes, max_series=cfg.ssh.max_series_per_node
+        )
+        rw = check_remote_write(cfg.remote_write)
+        self.remote_write = RemoteWriter(rw) if rw is not None else None
+        self.ingest = Ingest(
+            self.registry,
+            clock=clock,
+            limits=self.limits,
+            remote_write=self.remote_write,
+            max_queued_batches=cfg.remote_write.max_queued_batches_per_node,
+        )
         self.endpoints = EndpointTable(
             is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None
         )
@@ -103,6 +126,14 @@ class Gateway:
             trusted = load_trusted_cas(cfg.ssh.user_ca)
         except (OSError, GatewayError) as exc:
             raise GatewayConfigError(f"ssh.user_ca: {exc}") from exc
+        token_file = cfg.remote_write.bearer_token_file
+        if self.remote_write is not None and token_file is not None:
+            try:  # read on every request; a missing file at start is an error, not a surprise
+                token_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise GatewayConfigError(
+                    f"remote_write.bearer_token_file {token_file} cannot be read: {exc.strerror}"
+                ) from exc
         revocations = None
         if cfg.ssh.revocation_file is not None:
             revocations = RevocationWatcher(cfg.ssh.revocation_file)
@@ -113,9 +144,7 @@ class Gateway:
                 trusted_cas=trusted, revocations=revocations, clock=self.clock
             ),
             sessions=self.ingest,
-            limits=Limits(
-                max_frame_bytes=cfg.ssh.max_frame_bytes, max_series=cfg.ssh.max_series_per_node
-            ),
+            limits=self.limits,
             login_timeout=cfg.ssh.login_timeout_seconds,
             endpoints=self.endpoints,
         )
@@ -143,6 +172,8 @@ class Gateway:
             self.http_port,
             len(trusted),
         )
+        if self.remote_write is not None:
+            log.info("remote write to %s", _redacted(self.remote_write.cfg.url))
         notify("READY=1")
 
     def _refresh(self) -> None:
@@ -167,6 +198,8 @@ class Gateway:
                 proxy_requests=self.proxy.requests,
                 published=self.endpoints.count(),
                 publish_refused=self.endpoints.refused,
+                remote_write=self.remote_write.stats if self.remote_write else None,
+                forwarding=self.ingest.forward_stats,
             )
         )
 
@@ -184,6 +217,9 @@ class Gateway:
         if self.ssh is not None:
             log.info("shutting down: telling %d agent(s) goodbye", self.ssh.channels)
             await self.ssh.stop(self.cfg.drain_seconds)
+        await self.ingest.aclose()
+        if self.remote_write is not None:
+            await self.remote_write.close()
         if self.runner is not None:
             await self.runner.cleanup()
             log.info("stopped")

@@ -1,4 +1,8 @@
-"""The gateway's own metrics (``gpurelay_gateway_*``), as families for the exposition."""
+"""The gateway's own metrics (``gpurelay_gateway_*``), as families for the exposition.
+
+The ``gpurelay_gateway_remote_write_*`` families are there only while remote write is
+configured (``[remote_write] url``); without it the gateway writes nothing remotely.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,10 @@ from collections.abc import Mapping
 
 from cloud_gateway.auth_policy import REASONS
 from cloud_gateway.exposition import FamilySamples
+from cloud_gateway.forwarding import ForwardStats
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import NodeState
+from cloud_gateway.remote_write import RemoteWriteStats
 from edge_agent import __version__
 from edge_agent.model import Family, MetricType, Sample
 
@@ -25,10 +31,15 @@ PROTOCOL = _family(
     "Connections closed for breaking the wire contract, by error code.",
 )
 BATCHES = _family("gpurelay_gateway_batches_total", "counter", "Value batches received.")
+REPLAYED = _family(
+    "gpurelay_gateway_replayed_batches_total",
+    "counter",
+    "Spooled collections replayed by agents (REPLAY frames, duplicates included).",
+)
 DUPLICATES = _family(
     "gpurelay_gateway_duplicate_batches_total",
     "counter",
-    "Batches received again (already applied; acknowledged, not re-applied).",
+    "Batches and replays received again (already delivered; acknowledged, not re-applied).",
 )
 BYTES = _family(
     "gpurelay_gateway_received_bytes_total", "counter", "Telemetry channel bytes received."
@@ -62,6 +73,65 @@ PUBLISH_REFUSED = _family(
 )
 HTTP = _family("gpurelay_gateway_http_requests_total", "counter", "HTTP requests, by endpoint.")
 
+_RW = "gpurelay_gateway_remote_write_"
+_ONLY = " (only while remote write is configured)"
+RW_QUEUED = _family(
+    _RW + "queued_batches",
+    "gauge",
+    "Collections waiting for remote write, all nodes; not yet acknowledged" + _ONLY + ".",
+)
+RW_PENDING = _family(
+    _RW + "pending_samples", "gauge", "Samples in remote write requests in progress" + _ONLY + "."
+)
+RW_SENT_SAMPLES = _family(
+    _RW + "sent_samples_total", "counter", "Samples the receiver accepted (2xx)" + _ONLY + "."
+)
+RW_FAILED_SAMPLES = _family(
+    _RW + "failed_samples_total",
+    "counter",
+    "Samples of sends that failed: refused, or retries exhausted (then sent again)" + _ONLY + ".",
+)
+RW_SENT_REQUESTS = _family(
+    _RW + "sent_requests_total", "counter", "Requests the receiver accepted (2xx)" + _ONLY + "."
+)
+RW_RETRIED = _family(
+    _RW + "retried_requests_total",
+    "counter",
+    "Request attempts retried after a 5xx, a 429 or a transport error" + _ONLY + ".",
+)
+RW_REJECTED = _family(
+    _RW + "rejected_requests_total",
+    "counter",
+    "Requests refused with a non-retryable 4xx (their samples are dropped)" + _ONLY + ".",
+)
+RW_FAILED_REQUESTS = _family(
+    _RW + "failed_requests_total",
+    "counter",
+    "Requests given up on after every retry; their batches wait and are tried again" + _ONLY + ".",
+)
+RW_DROPPED = _family(
+    _RW + "dropped_batches_total",
+    "counter",
+    "Collections refused by the receiver (4xx), acknowledged anyway and lost" + _ONLY + ".",
+)
+RW_LATENCY = _family(
+    _RW + "request_duration_seconds_total",
+    "counter",
+    "Time spent in request attempts that got a response; divide by "
+    + _RW
+    + "responses_total for the mean"
+    + _ONLY
+    + ".",
+)
+RW_RESPONSES = _family(
+    _RW + "responses_total", "counter", "Request attempts that got a response" + _ONLY + "."
+)
+RW_LAST_LATENCY = _family(
+    _RW + "last_request_duration_seconds",
+    "gauge",
+    "Duration of the last request attempt that got a response" + _ONLY + ".",
+)
+
 
 def _one(fam: Family, value: float, labels: tuple[tuple[str, str], ...] = ()) -> FamilySamples:
     return fam, [Sample(fam.name, labels, float(value))]
@@ -83,17 +153,20 @@ def gateway_families(
     proxy_requests: Mapping[int, int] | None = None,
     published: int = 0,
     publish_refused: int = 0,
+    remote_write: RemoteWriteStats | None = None,
+    forwarding: ForwardStats | None = None,
 ) -> list[FamilySamples]:
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
         by_state[state] += 1
     auth = dict.fromkeys(REASONS, 0) | {"not_a_certificate": 0} | dict(auth_failures)
-    return [
+    families = [
         _one(INFO, 1, (("version", __version__),)),
         _by(NODES, "state", by_state),
         _by(AUTH, "reason", auth),
         _by(PROTOCOL, "code", protocol_errors),
         _one(BATCHES, ingest.batches),
+        _one(REPLAYED, ingest.replays),
         _one(DUPLICATES, ingest.duplicates),
         _one(BYTES, ingest.bytes),
         _by(REJECTED, "reason", ingest.rejected_series),
@@ -104,4 +177,24 @@ def gateway_families(
         _by(PROXY, "code", {str(k): v for k, v in (proxy_requests or {}).items()}),
         _one(PUBLISHED, published),
         _one(PUBLISH_REFUSED, publish_refused),
+    ]
+    if remote_write is not None:
+        families += _remote_write(remote_write, forwarding or ForwardStats())
+    return families
+
+
+def _remote_write(rw: RemoteWriteStats, fwd: ForwardStats) -> list[FamilySamples]:
+    return [
+        _one(RW_QUEUED, fwd.queued),
+        _one(RW_PENDING, rw.pending_samples),
+        _one(RW_SENT_SAMPLES, rw.sent_samples),
+        _one(RW_FAILED_SAMPLES, rw.failed_samples),
+        _one(RW_SENT_REQUESTS, rw.sent_requests),
+        _one(RW_RETRIED, rw.retried_requests),
+        _one(RW_REJECTED, rw.rejected_requests),
+        _one(RW_FAILED_REQUESTS, rw.failed_requests),
+        _one(RW_DROPPED, fwd.dropped),
+        _one(RW_LATENCY, rw.latency_seconds_sum),
+        _one(RW_RESPONSES, rw.latency_seconds_count),
+        _one(RW_LAST_LATENCY, rw.last_latency_seconds),
     ]

@@ -4,23 +4,51 @@ The SSH server decodes frames and hands them here; the registry stays pure. The 
 name is the authenticated certificate principal given by the SSH layer, never what the
 agent says about itself. Two connections for one node: the newer wins, the older is
 closed and logged.
+
+Delivery (one ACK per seq, sent once the seq is safely taken):
+
+- remote write off: a BATCH is applied and acknowledged at once; a REPLAY (an older,
+  spooled collection) is decoded (so a malformed record closes the connection), marked
+  delivered and acknowledged; it never changes the exposed values.
+- remote write on: a BATCH is applied at once (so /metrics stays fresh) and the node's
+  full state goes to its :class:`~cloud_gateway.forwarding.Forwarder`; a REPLAY's record
+  goes there too. Both are acknowledged when the receiver took them (see forwarding).
+
+A seq delivered before (or waiting in the forwarder) is a duplicate: counted, and
+acknowledged at once (or when the waiting one is delivered).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import Final
 
-from cloud_gateway.registry import Registry, StaleConnection
+from cloud_gateway.forwarding import (
+    MAX_SAMPLES_PER_SEND,
+    RETRY_BACKOFF,
+    Collection,
+    Forwarder,
+    ForwardStats,
+)
+from cloud_gateway.registry import Registry, StaleConnection, stamp_node
+from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.ssh_server import node_log
-from edge_agent.wire import Ack, Batch, Declare, Frame, Hello, WireError
+from edge_agent.model import Labels
+from edge_agent.record import Record, RecordDecoder
+from edge_agent.wire import Ack, Batch, Declare, Frame, Hello, Limits, Replay, WireError
+
+_MAX_KEYS: Final = 100_000  # remote write label sets remembered per session (replays)
 
 
 @dataclass
 class IngestStats:
     batches: int = 0
+    replays: int = 0
     duplicates: int = 0
     bytes: int = 0
     replaced_connections: int = 0
@@ -28,6 +56,7 @@ class IngestStats:
     unknown_values: int = 0
     name_mismatches: int = 0
     batch_seconds: float = 0.0  # CPU-ish time spent applying batches (perf_counter)
+    replay_seconds: float = 0.0  # same for replays (decode, and samples for remote write)
 
 
 class Ingest:
@@ -39,33 +68,93 @@ class Ingest:
         *,
         clock: Callable[[], float] = time.time,
         on_change: Callable[[], None] = lambda: None,
+        limits: Limits | None = None,
+        remote_write: RemoteWriter | None = None,
+        max_queued_batches: int = 256,
+        max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
+        retry_backoff: tuple[float, float] = RETRY_BACKOFF,
     ) -> None:
         self.registry = registry
         self.clock = clock
         self.on_change = on_change
+        self.limits = limits or Limits()
+        self.remote_write = remote_write
+        self.max_queued_batches = max_queued_batches
+        self.max_samples_per_send = max_samples_per_send
+        self.retry_backoff = retry_backoff
         self.stats = IngestStats()
+        self.forward_stats = ForwardStats()
         self._closers: dict[int, Callable[[str], None]] = {}
+        self._forwarders: set[Forwarder] = set()
 
-    def open_session(self, node: str, remote: str, close: Callable[[str], None]) -> NodeSession:
-        return NodeSession(self, node, remote, close)
+    def open_session(
+        self,
+        node: str,
+        remote: str,
+        close: Callable[[str], None],
+        send: Callable[[Frame], None] = lambda frame: None,
+    ) -> NodeSession:
+        """``send`` carries the ACKs that come later (after remote write took a batch)."""
+        return NodeSession(self, node, remote, close, send)
 
     def close_connection(self, conn_id: int, reason: str) -> None:
         closer = self._closers.pop(conn_id, None)
         if closer is not None:
             closer(reason)
 
+    async def aclose(self) -> None:
+        """Stop every forwarder (before the remote writer closes); what they held stays
+        unacknowledged, so the agents send it again."""
+        tasks = [t for f in list(self._forwarders) if (t := f.close()) is not None]
+        self._forwarders.clear()
+        for task in tasks:
+            with suppress(asyncio.CancelledError):
+                await task
+
 
 class NodeSession:
     def __init__(
-        self, ingest: Ingest, node: str, remote: str, close: Callable[[str], None]
+        self,
+        ingest: Ingest,
+        node: str,
+        remote: str,
+        close: Callable[[str], None],
+        send: Callable[[Frame], None],
     ) -> None:
         self._ingest = ingest
         self.node = node
         self.remote = remote
         self._close = close
+        self._send = send
         self.conn_id: int | None = None
         self.log = node_log(node)
         self._pending_bytes = 0
+        self._records = RecordDecoder(limits=ingest.limits)
+        self._keys: dict[tuple[str, Labels], Labels | None] = {}  # replayed series -> key
+        self._forwarder: Forwarder | None = None
+        if ingest.remote_write is not None:
+            self._forwarder = Forwarder(
+                ingest.remote_write,
+                log=self.log,
+                delivered=self._delivered,
+                failed=close,
+                stats=ingest.forward_stats,
+                max_queued=ingest.max_queued_batches,
+                max_samples_per_send=ingest.max_samples_per_send,
+                backoff=ingest.retry_backoff,
+            )
+            ingest._forwarders.add(self._forwarder)
+
+    @property
+    def queued(self) -> int:
+        """Collections waiting for remote write."""
+        return 0 if self._forwarder is None else len(self._forwarder)
+
+    async def flow(self) -> None:
+        """Return once this session can take more frames (its remote write queue is
+        within bounds, or the session closed)."""
+        if self._forwarder is not None:
+            await self._forwarder.room()
 
     def received(self, nbytes: int) -> None:
         self._pending_bytes += nbytes
@@ -74,6 +163,8 @@ class NodeSession:
     def handle(self, frame: Frame) -> Sequence[Frame]:
         if isinstance(frame, Batch):
             return self._batch(frame)
+        if isinstance(frame, Replay):
+            return self._replay(frame)
         if isinstance(frame, Declare):
             self._declare(frame)
             return ()
@@ -148,17 +239,111 @@ class NodeSession:
             self._close("replaced by a newer connection")
             raise WireError("order", "this connection was replaced by a newer one") from exc
         stats = ingest.stats
-        stats.batch_seconds += time.perf_counter() - started
         stats.batches += 1
-        if applied.duplicate:
-            stats.duplicates += 1
         if applied.unknown:
             stats.unknown_values += applied.unknown
+        replies = self._deliver(
+            applied.seq,
+            applied.duplicate,
+            lambda: Collection(
+                seq=batch.seq,
+                timestamp_ms=round(batch.timestamp * 1000),
+                samples=ingest.registry.samples(self.node),
+                replayed=False,
+            ),
+        )
+        stats.batch_seconds += time.perf_counter() - started
         ingest.on_change()
-        return (Ack(seq=applied.seq),)
+        return replies
+
+    def _replay(self, replay: Replay) -> Sequence[Frame]:
+        ingest = self._ingest
+        started = time.perf_counter()
+        conn_id = self._current()
+        record = self._records.decode(replay.record)  # WireError if malformed
+        in_flight = self._forwarder is not None and replay.seq in self._forwarder
+        try:
+            applied = ingest.registry.replay(
+                self.node,
+                conn_id,
+                replay.seq,
+                now=ingest.clock(),
+                size_bytes=self._pending_bytes,
+                in_flight=in_flight,
+            )
+            self._pending_bytes = 0
+        except StaleConnection as exc:
+            self._close("replaced by a newer connection")
+            raise WireError("order", "this connection was replaced by a newer one") from exc
+        ingest.stats.replays += 1
+        if in_flight:
+            ingest.stats.duplicates += 1
+            replies: Sequence[Frame] = ()  # acknowledged when the waiting one is delivered
+        else:
+            replies = self._deliver(
+                replay.seq,
+                applied.duplicate,
+                lambda: Collection(
+                    seq=replay.seq,
+                    timestamp_ms=record.timestamp_ms,
+                    samples=self._replayed_samples(record),
+                    replayed=True,
+                ),
+            )
+        ingest.stats.replay_seconds += time.perf_counter() - started
+        ingest.on_change()
+        return replies
+
+    def _deliver(
+        self, seq: int, duplicate: bool, collection: Callable[[], Collection]
+    ) -> Sequence[Frame]:
+        """Acknowledge now (no remote write, or a duplicate), or queue for remote write."""
+        if duplicate:
+            self._ingest.stats.duplicates += 1
+            return (Ack(seq=seq),)
+        if self._forwarder is None:
+            self._ingest.registry.mark_delivered(self.node, seq)
+            return (Ack(seq=seq),)
+        self._forwarder.put(collection())
+        return ()
+
+    def _delivered(self, seq: int) -> None:
+        """The forwarder is done with ``seq``: mark it and send its ACK."""
+        self._ingest.registry.mark_delivered(self.node, seq)
+        self._send(Ack(seq=seq))
+
+    def _replayed_samples(self, record: Record) -> list[tuple[Labels, float]]:
+        """A record's samples with the remote write key of each series: its name, its
+        labels stamped with the authenticated node; series the registry would refuse
+        (reserved names) are left out."""
+        keys = self._keys
+        out: list[tuple[Labels, float]] = []
+        for s in record.series:
+            cache_key = (s.name, s.labels)
+            try:
+                key = keys[cache_key]
+            except KeyError:
+                key = self._key(s.name, s.labels)
+                if len(keys) >= _MAX_KEYS:
+                    keys.clear()
+                keys[cache_key] = key
+            if key is not None:
+                out.append((key, s.value))
+        return out
+
+    def _key(self, name: str, labels: Labels) -> Labels | None:
+        reason = self._ingest.registry.refuses(name, labels)
+        if reason is not None:
+            self._ingest.stats.rejected_series[reason] += 1
+            self.log.warning("replayed series %s left out: %s", name, reason)
+            return None
+        return (("__name__", name), *stamp_node(labels, self.node))
 
     def closed(self, reason: str) -> None:
         ingest = self._ingest
+        if self._forwarder is not None:
+            self._forwarder.close()
+            ingest._forwarders.discard(self._forwarder)
         if self.conn_id is None:
             return
         ingest._closers.pop(self.conn_id, None)

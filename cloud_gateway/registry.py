@@ -12,6 +12,12 @@ Series ids belong to a connection; series *records* belong to the node. A reconn
 agent re-declares its series and they bind to the existing records (same name and
 labels), so the latest values stay exposed across a reconnect; a ``full`` batch then
 drops whatever it does not list.
+
+Delivery: every seq a node got acknowledged is kept in a :class:`SeqRanges` (it survives
+reconnects), so a batch or replay seen before is a duplicate. Live BATCH frames are the
+newest data and set the exposed values; REPLAY frames (older, spooled collections) never
+touch them: they only go on to remote write. :meth:`Registry.samples` gives a node's full
+current state, for writing each live collection as one sample per series.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from cloud_gateway.seqranges import DEFAULT_MAX_RANGES, SeqRanges
 from edge_agent.exposition import format_labels, format_value
 from edge_agent.model import Family, GpuInventory, Labels
 from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
@@ -41,7 +48,8 @@ class RegistryConfig:
     max_series_per_node: int = 50_000
     recent_errors: int = 20
     reserved_prefixes: tuple[str, ...] = ("gpurelay_node_", "gpurelay_gateway_")
-    tracked_families: frozenset[str] = FB_FAMILIES  # keep labels for :meth:`Registry.latest`
+    tracked_families: frozenset[str] = FB_FAMILIES  # for :meth:`Registry.latest`
+    max_seq_ranges: int = DEFAULT_MAX_RANGES  # delivered seqs kept per node, as ranges
 
 
 class RegistryError(Exception):
@@ -73,8 +81,8 @@ class Declared:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Applied:
-    """The outcome of one batch. Acknowledge ``seq`` in both cases: a duplicate was
-    applied before (the agent replayed it) and must leave the agent's spool too."""
+    """The outcome of one batch or replay. A duplicate was delivered before (the agent
+    sent it again): acknowledge it at once, it must leave the agent's spool too."""
 
     seq: int
     duplicate: bool
@@ -110,6 +118,7 @@ class NodeView:
     gpus: tuple[GpuInventory, ...]
     series_count: int
     batches_received: int
+    replays_received: int
     bytes_received: int
     duplicates: int
     recent_errors: tuple[NodeError, ...]
@@ -149,10 +158,13 @@ class _Group:
 
 
 class _Series:
-    __slots__ = ("conn", "cut", "fs", "group", "line", "pos", "sid", "value")
+    __slots__ = ("conn", "cut", "fs", "group", "labels", "line", "pos", "sid", "value")
 
-    def __init__(self, fs: _FamilyState, prefix: bytes, conn: int, sid: int) -> None:
+    def __init__(
+        self, fs: _FamilyState, prefix: bytes, labels: Labels, conn: int, sid: int
+    ) -> None:
         self.fs = fs
+        self.labels = labels  # (("__name__", name), *stamped labels): the remote write key
         self.line = prefix  # b'NAME{labels} ' until a value arrives, then + b'VALUE\n'
         self.cut = len(prefix)
         self.value: float | None = None
@@ -163,7 +175,7 @@ class _Series:
 
 
 class _Node:
-    def __init__(self, name: str, max_errors: int) -> None:
+    def __init__(self, name: str, max_errors: int, max_seq_ranges: int) -> None:
         self.name = name
         self.conn_id = 0
         self.connected = False
@@ -174,14 +186,14 @@ class _Node:
         self.disconnect_reason = ""
         self.last_batch_time: float | None = None
         self.last_seen: float | None = None
-        self.last_seq = -1  # survives reconnects
-        self.batches = self.bytes = self.duplicates = 0
+        self.delivered = SeqRanges(max_seq_ranges)  # survives reconnects
+        self.batches = self.replays = self.bytes = self.duplicates = 0
         self.errors: deque[NodeError] = deque(maxlen=max_errors)
         self.ids: dict[int, _Series] = {}  # ids of the current connection
         self.rejected: set[int] = set()  # ids of the current connection that were refused
         self.series: set[_Series] = set()  # every record, bound to the connection or not
         self.groups: dict[str, _Group] = {}  # family name -> group
-        self.tracked: dict[_Series, Labels] = {}
+        self.tracked: set[_Series] = set()  # of the tracked families
 
 
 class Registry:
@@ -241,11 +253,10 @@ class Registry:
         n.bytes += size_bytes
         n.last_seen = n.last_batch_time = now
         self.generation += 1  # last_seen changed, at least
-        if batch.seq <= n.last_seq:  # a replay of a batch applied before
+        if batch.seq in n.delivered:  # sent again (a restarted agent, a lost ACK)
             n.duplicates += 1
             self._set(n, batch.values, only_new=True)  # fill series that have no value yet
             return Applied(seq=batch.seq, duplicate=True)
-        n.last_seq = batch.seq
         changed, unknown = self._set(n, batch.values, only_new=False)
         ids = n.ids
         gone = dict.fromkeys(ids[sid] for sid in batch.removed if sid in ids)
@@ -257,6 +268,47 @@ class Registry:
         return Applied(
             seq=batch.seq, duplicate=False, changed=changed, removed=len(gone), unknown=unknown
         )
+
+    def replay(
+        self,
+        node: str,
+        conn_id: int,
+        seq: int,
+        *,
+        now: float,
+        size_bytes: int,
+        in_flight: bool = False,
+    ) -> Applied:
+        """Account for one REPLAY frame; the exposed values are never touched (a replay
+        is older than what the live batches set). ``in_flight``: the caller holds this
+        seq already, not yet delivered (a duplicate too)."""
+        n = self._current(node, conn_id)
+        n.replays += 1
+        n.bytes += size_bytes
+        n.last_seen = now
+        self.generation += 1  # last_seen changed
+        duplicate = in_flight or seq in n.delivered
+        if duplicate:
+            n.duplicates += 1
+        return Applied(seq=seq, duplicate=duplicate)
+
+    def is_delivered(self, node: str, seq: int) -> bool:
+        n = self._nodes.get(node)
+        return n is not None and seq in n.delivered
+
+    def mark_delivered(self, node: str, seq: int) -> bool:
+        """Record that ``seq`` was safely taken (acknowledged); ``False`` if it was already."""
+        return self._node(node).delivered.add(seq)
+
+    def samples(self, node: str) -> list[tuple[Labels, float]]:
+        """The full current state of a node's live series: ``(labels, value)`` with the
+        labels as remote write wants them, ``(("__name__", name), *stamped labels)``."""
+        n = self._nodes.get(node)
+        if n is None:
+            return []
+        return [
+            (s.labels, s.value) for g in n.groups.values() for s in g.members if s.value is not None
+        ]
 
     def expire(self, now: float) -> list[str]:
         """Drop the series of nodes offline for longer than the grace; keep the nodes."""
@@ -297,8 +349,8 @@ class Registry:
         if n is None:
             return []
         return [
-            (labels, s.value)
-            for s, labels in n.tracked.items()
+            (s.labels[1:], s.value)
+            for s in n.tracked
             if s.value is not None and s.fs.family.name == family
         ]
 
@@ -328,7 +380,9 @@ class Registry:
     def _node(self, name: str) -> _Node:
         n = self._nodes.get(name)
         if n is None:
-            n = self._nodes[name] = _Node(name, self.config.recent_errors)
+            n = self._nodes[name] = _Node(
+                name, self.config.recent_errors, self.config.max_seq_ranges
+            )
             insort(self._names, name)
             self.generation += 1  # a gpurelay_node_up line more
         return n
@@ -395,13 +449,18 @@ class Registry:
                     Family(name=sd.name, type=sd.type, help=sd.help), n.name
                 )
                 self._family_order = None
-            s = by_prefix[prefix] = _Series(fs, prefix, n.conn_id, sd.id)
+            key = (("__name__", sd.name), *labels)
+            s = by_prefix[prefix] = _Series(fs, prefix, key, n.conn_id, sd.id)
             fs.refs += 1
             n.series.add(s)
             if sd.name in self.config.tracked_families:
-                n.tracked[s] = labels
+                n.tracked.add(s)
         n.ids[sd.id] = s
         return None
+
+    def refuses(self, name: str, labels: Labels) -> str | None:
+        """Why a series (of a replayed record) would be refused if it were declared."""
+        return self._invalid(SeriesDecl(id=0, name=name, type="gauge", help="", labels=labels))
 
     def _invalid(self, sd: SeriesDecl) -> str | None:
         if not _METRIC_NAME.match(sd.name):
@@ -445,7 +504,7 @@ class Registry:
                 del n.groups[fs.family.name], fs.groups[n.name]
                 fs.ordered = None
         n.series.discard(s)
-        n.tracked.pop(s, None)
+        n.tracked.discard(s)
         if s.conn == n.conn_id and n.ids.get(s.sid) is s:
             del n.ids[s.sid]
         self._unref(fs)
@@ -456,7 +515,7 @@ class Registry:
             g.fs.ordered = g.fs.blocks = None
         for s in n.series:
             self._unref(s.fs)
-        n.groups, n.series, n.tracked, n.ids = {}, set(), {}, {}
+        n.groups, n.series, n.tracked, n.ids = {}, set(), set(), {}
 
     def _unref(self, fs: _FamilyState) -> None:
         fs.refs -= 1
@@ -497,6 +556,7 @@ class Registry:
             gpus=h.gpus if h else (),
             series_count=sum(len(g.members) for g in n.groups.values()),
             batches_received=n.batches,
+            replays_received=n.replays,
             bytes_received=n.bytes,
             duplicates=n.duplicates,
             recent_errors=tuple(n.errors),

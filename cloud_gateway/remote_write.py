@@ -59,6 +59,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
+from typing import TypeVar
 
 import cramjam
 import httpx
@@ -74,6 +75,7 @@ __all__ = [
     "RemoteWriteUnavailable",
     "RemoteWriter",
     "Series",
+    "encode_requests",
     "encode_write_request",
     "snappy_compress",
     "split_series",
@@ -182,40 +184,80 @@ def _encode_label(name: str, value: str) -> bytes:
     return bytes(buf)
 
 
-def _encode_sample(timestamp_ms: int, value: float) -> bytes:
-    buf = bytearray()
-    bits = struct.pack("<d", value)
-    if bits != b"\x00" * 8:  # proto3: a default (+0.0) field is omitted
-        buf.append(0x09)  # value = 1, fixed64
-        buf += bits
-    if timestamp_ms:
-        buf.append(0x10)  # timestamp = 2, varint
-        _varint(timestamp_ms, buf)
-    return bytes(buf)
+_F64 = struct.Struct("<d")
+_ZERO = bytes(8)
+_LABEL_CACHE_MAX = 100_000  # label sets; a fleet's series repeat from send to send
+_label_cache: dict[Labels, tuple[Labels, bytes]] = {}
 
 
-def _normalised(series: Series) -> tuple[Labels, list[tuple[int, float]]]:
-    labels, samples = series
+def _labels(labels: Labels) -> tuple[Labels, bytes]:
+    """``labels`` sorted by name without empty values, and their encoded ``labels`` fields
+    (TimeSeries field 1, each a Label); cached, as the same series are sent every time."""
+    hit = _label_cache.get(labels)
+    if hit is not None:
+        return hit
     # Prometheus requires labels sorted by name; an empty value means "no such label".
     ordered = tuple(sorted((kv for kv in labels if kv[1] != ""), key=lambda kv: kv[0]))
     names = [name for name, _ in ordered]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate label name in {labels!r}")
-    return ordered, sorted(samples, key=lambda s: s[0])  # stable: equal timestamps keep order
+    block = bytearray()
+    for name, label_value in ordered:
+        _len_field(0x0A, _encode_label(name, label_value), block)  # labels = 1
+    entry = (ordered, bytes(block))
+    if len(_label_cache) >= _LABEL_CACHE_MAX:
+        _label_cache.clear()
+    _label_cache[labels] = _label_cache[ordered] = entry
+    return entry
+
+
+def _by_time(samples: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    if len(samples) < 2:
+        return samples
+    return sorted(samples, key=lambda s: s[0])  # stable: equal timestamps keep their order
+
+
+def _normalised(series: Series) -> tuple[Labels, list[tuple[int, float]]]:
+    labels, samples = series
+    return _labels(labels)[0], _by_time(samples)
 
 
 def encode_write_request(series: Sequence[Series]) -> bytes:
     """Protobuf ``prometheus.WriteRequest`` for ``series``: labels sorted by name (labels
     with an empty value dropped), samples in timestamp order; proto3 canonical encoding
     (fields with default values omitted)."""
+    return _encode([(_labels(labels)[1], _by_time(samples)) for labels, samples in series])
+
+
+_Prepared = tuple[bytes, list[tuple[int, float]]]  # encoded labels, samples in time order
+
+
+def _encode(series: Sequence[_Prepared]) -> bytes:
     out = bytearray()
-    for item in series:
-        labels, samples = _normalised(item)
-        ts = bytearray()
-        for name, label_value in labels:
-            _len_field(0x0A, _encode_label(name, label_value), ts)  # labels = 1
+    stamps: dict[int, bytes] = {}  # timestamp field per timestamp: a request has few
+    pack = _F64.pack
+    for block, samples in series:
+        ts = bytearray(block)
         for timestamp_ms, value in samples:
-            _len_field(0x12, _encode_sample(int(timestamp_ms), float(value)), ts)  # samples = 2
+            stamp = stamps.get(timestamp_ms)
+            if stamp is None:
+                field = bytearray()
+                t = int(timestamp_ms)
+                if t:
+                    field.append(0x10)  # timestamp = 2, varint
+                    _varint(t, field)
+                stamp = stamps[timestamp_ms] = bytes(field)
+            bits = pack(float(value))
+            if bits == _ZERO:  # proto3: a default (+0.0) field is omitted
+                ts.append(0x12)  # samples = 2; a Sample is at most 20 bytes: one length byte
+                ts.append(len(stamp))
+                ts += stamp
+            else:
+                ts.append(0x12)
+                ts.append(9 + len(stamp))
+                ts.append(0x09)  # value = 1, fixed64
+                ts += bits
+                ts += stamp
         _len_field(0x0A, ts, out)  # timeseries = 1
     return bytes(out)
 
@@ -229,12 +271,21 @@ def split_series(series: Sequence[Series], max_samples: int) -> Iterator[list[Se
     """Requests of at most ``max_samples`` samples each; a long series is cut into
     consecutive time ranges, in order, so each series stays in timestamp order across
     requests sent one after another. Series without samples are dropped."""
+    return _split([_normalised(item) for item in series], max_samples)
+
+
+_K = TypeVar("_K")
+
+
+def _split(
+    series: Sequence[tuple[_K, list[tuple[int, float]]]], max_samples: int
+) -> Iterator[list[tuple[_K, list[tuple[int, float]]]]]:
+    """:func:`split_series` of series already normalised (labels or their encoding)."""
     if max_samples < 1:
         raise ValueError("max_samples must be >= 1")
-    batch: list[Series] = []
+    batch: list[tuple[_K, list[tuple[int, float]]]] = []
     room = max_samples
-    for item in series:
-        labels, samples = _normalised(item)
+    for labels, samples in series:
         start = 0
         while start < len(samples):
             take = samples[start : start + room]
@@ -248,7 +299,15 @@ def split_series(series: Sequence[Series], max_samples: int) -> Iterator[list[Se
         yield batch
 
 
-def _sample_count(series: Sequence[Series]) -> int:
+def encode_requests(series: Sequence[Series], max_samples: int) -> Iterator[tuple[bytes, int]]:
+    """The request bodies for ``series`` (see :func:`split_series`), snappy compressed, each
+    with its number of samples; what :meth:`RemoteWriter.send` posts."""
+    prepared = [(_labels(labels)[1], _by_time(samples)) for labels, samples in series]
+    for batch in _split(prepared, max_samples):
+        yield snappy_compress(_encode(batch)), _sample_count(batch)
+
+
+def _sample_count(series: Sequence[tuple[object, list[tuple[int, float]]]]) -> int:
     return sum(len(samples) for _, samples in series)
 
 
@@ -316,6 +375,17 @@ def _tls_verify(cfg: RemoteWriteConfig) -> ssl.SSLContext | bool:
     if cfg.tls_ca_file is not None:
         return ssl.create_default_context(cafile=str(cfg.tls_ca_file))
     return True
+
+
+# Prometheus before 2.49 answers HTTP 500 for samples older than its out-of-order window
+# ("too old sample", "out of bounds"); no retry can ever store them, so they are treated
+# like the 400 newer versions send (prometheus/prometheus#13335).
+_NEVER_ACCEPTED = ("too old sample", "out of bounds")
+
+
+def _never_accepted(body: str) -> bool:
+    lowered = body.lower()
+    return any(marker in lowered for marker in _NEVER_ACCEPTED)
 
 
 class _Retryable(Exception):
@@ -387,12 +457,12 @@ class RemoteWriter:
         total = _sample_count(series)
         if total == 0:
             return
+        requests = encode_requests(series, self.cfg.max_samples_per_send)
         await self._reserve(total)
         done = 0
         try:
-            for batch in split_series(series, self.cfg.max_samples_per_send):
-                n = _sample_count(batch)
-                await self._send_request(snappy_compress(encode_write_request(batch)), n)
+            for body, n in requests:
+                await self._send_request(body, n)
                 done += n
                 self.stats.sent_samples += n
         except BaseException:
@@ -476,7 +546,7 @@ class RemoteWriter:
         if 200 <= status < 300:
             return
         text = resp.text[:_BODY_LOG_LIMIT].strip()
-        if status == 429 or status >= 500:
+        if (status == 429 or status >= 500) and not _never_accepted(text):
             retry_after = _retry_after(resp.headers.get("Retry-After"), time.time())
             raise _Retryable(f"HTTP {status}: {text}", retry_after)
         log.error("remote write to %s rejected: HTTP %d: %s", self.cfg.url, status, text)

@@ -8,9 +8,11 @@ logged once per connection, with the node, key id and serial it was about.
 
 Each authenticated connection may open one session channel with the ``gpurelay``
 subsystem. Bytes are decoded into frames here and handed to a :class:`Session` supplied
-by the application (the ingest stage); its replies are written back. A frame that breaks
-the contract gets an ERROR frame back and the connection is closed; other nodes are not
-affected.
+by the application (the ingest stage); its replies are written back, and so are the
+frames it sends later (ACKs after remote write). After each chunk the channel awaits
+:meth:`Session.flow`: while a session is over its queue bound the channel stops reading,
+and SSH flow control holds the agent. A frame that breaks the contract gets an ERROR
+frame back and the connection is closed; other nodes are not affected.
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ class Session(Protocol):
     """One authenticated telemetry channel, as the ingest stage sees it."""
 
     def handle(self, frame: Frame) -> Sequence[Frame]:
-        """Apply one frame; return frames to send back. Raise WireError to reject it."""
+        """Apply one frame; return frames to send back now. Raise WireError to reject it."""
+
+    async def flow(self) -> None:
+        """Return when the session can take more (at once, unless it is over a bound)."""
 
     def received(self, nbytes: int) -> None:
         """``nbytes`` more bytes arrived on the channel (for per-node accounting)."""
@@ -65,8 +70,15 @@ class Session(Protocol):
 
 
 class SessionFactory(Protocol):
-    def open_session(self, node: str, remote: str, close: Callable[[str], None]) -> Session:
-        """``close(reason)`` lets the ingest stage drop this connection (a newer one won)."""
+    def open_session(
+        self,
+        node: str,
+        remote: str,
+        close: Callable[[str], None],
+        send: Callable[[Frame], None],
+    ) -> Session:
+        """``close(reason)`` lets the ingest stage drop this connection (a newer one won);
+        ``send(frame)`` writes a frame to the agent later (an ACK after remote write)."""
 
 
 @dataclass
@@ -285,6 +297,7 @@ class _Channel:
         owner = self._conn.get_owner()
         self.auth = owner if isinstance(owner, _ConnectionAuth) else None
         self._closing = ""
+        self._session: Session | None = None  # until closed() was called on it
 
     def _send(self, frame: Frame) -> None:
         with suppress(OSError, asyncssh.Error):  # going away; reading will notice
@@ -299,19 +312,36 @@ class _Channel:
             self.log.info("closing connection from %s: %s", self.remote, reason)
         self._conn.close()
 
+    def _end(self, reason: str) -> None:
+        """Tell the session it is over, exactly once."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.closed(self._closing or reason)
+
+    async def _watch(self) -> None:
+        """End the session as soon as the channel closes, even while reading is held
+        (the session's forwarder stops and :meth:`Session.flow` returns)."""
+        await self._process.channel.wait_closed()
+        self._end("agent disconnected")
+
     async def run(self) -> None:
-        session = self._server._sessions.open_session(self.node, self.remote, self.close)
+        session = self._server._sessions.open_session(
+            self.node, self.remote, self.close, self._send
+        )
+        self._session = session
         decoder = FrameDecoder(limits=self._server._limits)
         reason = "agent disconnected"
+        watch = asyncio.get_running_loop().create_task(self._watch())
         try:
-            while True:
+            while self._session is not None:
                 data = await self._process.stdin.read(READ_CHUNK)
-                if not data:
+                if not data or self._session is None:
                     break
                 session.received(len(data))
                 for frame in decoder.feed(data):
                     for reply in session.handle(frame):
                         self._send(reply)
+                await session.flow()  # held: stop reading, SSH flow control holds the agent
         except WireError as exc:
             self._server.protocol_errors[exc.code] += 1
             self.log.warning("protocol error from %s (%s): %s", self.remote, exc.code, exc)
@@ -322,5 +352,6 @@ class _Channel:
         except (asyncssh.Error, ConnectionError) as exc:
             reason = f"connection lost: {exc}"
         finally:
-            session.closed(self._closing or reason)
+            watch.cancel()
+            self._end(reason)
             self._process.exit(0)

@@ -457,6 +457,18 @@ EOF
 address = $(toml_string "$GATEWAY")
 known_hosts = $(toml_string "$KNOWN_HOSTS")
 key = $(toml_string "$KEY")   # certificate: $CERT
+
+# The spool, on by default with these values: every collection is kept in
+# $STATE_DIR/spool.sqlite until the gateway acknowledges it, so a link outage
+# loses nothing; replayed in order when the link returns. Size max_bytes as
+# (86400 / interval_seconds) x days x record size (~11.5 bytes x series).
+#[spool]
+#enabled = true
+#directory = "$STATE_DIR"
+#max_bytes = 268435456            # 256 MiB; the oldest batches go first when full
+#max_age_seconds = 86400          # the TSDB's out-of-order window must cover this
+#replay_batches_per_second = 50
+#max_in_flight = 64
 EOF
     else
         cat <<EOF

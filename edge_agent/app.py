@@ -206,6 +206,17 @@ class Agent:
     async def startup(self) -> None:
         self.pipeline = build_pipeline(open_backend(self.cfg))
         self.pipeline.xid.start()
+        if self.cfg.gateway.address:
+            # Before the first collection, so that every collection (the first one after a
+            # restart included) carries the tunnel's and the spool's own series.
+            self.tunnel = Tunnel(
+                self.cfg.gateway,
+                node=self.pipeline.node,
+                hello=self.hello,
+                outbox=self._outbox(),
+                replay_batches_per_second=self.cfg.spool.replay_batches_per_second,
+            )
+            self.pipeline.collection.extra.append(self.tunnel.metrics)
         snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
         self.published.publish(snapshot)
         self.runner, self.port = await http_server.start(
@@ -214,16 +225,8 @@ class Agent:
         log.info(
             "serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host, self.port
         )
-        if self.cfg.gateway.address:
-            self.tunnel = Tunnel(
-                self.cfg.gateway,
-                node=self.pipeline.node,
-                hello=self.hello,
-                publish=self.published_endpoints(),
-                outbox=self._outbox(),
-                replay_batches_per_second=self.cfg.spool.replay_batches_per_second,
-            )
-            self.pipeline.collection.extra.append(self.tunnel.metrics)
+        if self.tunnel is not None:
+            self.tunnel.publish(self.published_endpoints())
             self.tunnel.submit(snapshot)
             self._tunnel_task = asyncio.create_task(self.tunnel.run(), name="tunnel")
         else:
@@ -238,7 +241,9 @@ class Agent:
             )
             return Outbox(None, max_in_flight=sp.max_in_flight)
         spool = Spool(
-            sp.path, limits=SpoolLimits(max_bytes=sp.max_bytes, max_age_seconds=sp.max_age_seconds)
+            sp.path,
+            limits=SpoolLimits(max_bytes=sp.max_bytes, max_age_seconds=sp.max_age_seconds),
+            recovery_seconds=SPOOL_RECOVERY_SECONDS,
         )
         st = spool.stats()
         log.info(

@@ -259,6 +259,10 @@ class Tunnel:
         sink.add("gpurelay_agent_spool_healthy", (), 1.0 if ss.healthy else 0.0)
         sink.add("gpurelay_agent_spool_unspooled_batches_total", (), self.outbox.unspooled)
 
+    def publish(self, endpoints: Sequence[Published]) -> None:
+        """The endpoints offered on the next connection (the agent's port is known late)."""
+        self._publish = tuple(endpoints)
+
     def submit(self, snapshot: Snapshot) -> None:
         """Number and spool the newest collection; it goes out next as the live batch (an
         older one not sent yet is superseded live and goes out later from the spool)."""

@@ -37,7 +37,8 @@ from tests.gateway_support import (
 )
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
-SHIPPED = ("unified.yml", "proxied.yml", "prometheus.yml")
+# Every Prometheus config shipped there goes through `promtool check config` below.
+SHIPPED = tuple(sorted(p.name for p in DEPLOY.glob("*.yml")))
 
 # What the shipped files say, and what the tests put there instead.
 GATEWAY = "gateway.example.com:9410"
@@ -93,6 +94,12 @@ def test_shipped_config_passes_promtool(name: str, promtool: Path, tmp_path: Pat
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_documented_config_is_checked() -> None:
+    expected = {"unified.yml", "proxied.yml", "prometheus.yml", "remote-write-receiver.yml"}
+    assert expected <= set(SHIPPED)
+    assert not list(DEPLOY.glob("*.yaml")), "name Prometheus configs *.yml, so they are checked"
 
 
 def test_combined_example_is_the_two_jobs_verbatim() -> None:

@@ -14,12 +14,15 @@ from cloud_gateway.exposition import Exposition
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.registry import Registry
 from edge_agent.encode import SnapshotEncoder
+from edge_agent.record import RecordEncoder
 from edge_agent.wire import (
     Batch,
     Declare,
+    Frame,
     FrameDecoder,
     FrameEncoder,
     Hello,
+    Replay,
     SeriesDecl,
     WireError,
 )
@@ -28,11 +31,14 @@ from tests.agent_support import make_pipeline
 
 def _valid_stream(tmp: Path) -> bytes:
     pipeline, _sim, clock = make_pipeline(tmp, gpus=2)
-    encoder, frames = SnapshotEncoder(), FrameEncoder()
+    encoder, frames, records = SnapshotEncoder(), FrameEncoder(), RecordEncoder()
     out = [frames.encode(Hello(agent_version="0.1.0", node="fuzz"))]
     try:
-        for _ in range(3):
-            out += [frames.encode(f) for f in encoder.frames(pipeline.collection.collect())]
+        for i in range(3):
+            snapshot = pipeline.collection.collect()
+            out += [frames.encode(f) for f in encoder.frames(snapshot)]
+            # and a replayed collection, so that mutated records reach the record decoder
+            out.append(frames.encode(Replay(seq=100 + i, record=records.encode(snapshot))))
             clock.advance(10)
     finally:
         pipeline.close()
@@ -70,7 +76,9 @@ def _renders(registry: Registry) -> None:
 def test_the_valid_stream_is_accepted(stream: bytes) -> None:
     registry = _feed(stream, 4096)
     assert registry.node("fuzz-node", now=1000.0) is not None
-    assert registry.node("fuzz-node", now=1000.0).batches_received == 3  # type: ignore[union-attr]
+    view = registry.node("fuzz-node", now=1000.0)
+    assert view is not None and (view.batches_received, view.replays_received) == (3, 3)
+    assert all(registry.is_delivered("fuzz-node", seq) for seq in (100, 101, 102))
     _renders(registry)
 
 
@@ -125,7 +133,10 @@ def test_structurally_valid_but_hostile_frames(
 ) -> None:
     """Labels with quotes/newlines, a series claiming NodeName or Hostname, undeclared ids."""
     encoder = FrameEncoder()
-    frames = [Hello(agent_version="x", node="other-node"), Declare(series=tuple(decls))]
+    frames: list[Frame] = [
+        Hello(agent_version="x", node="other-node"),
+        Declare(series=tuple(decls)),
+    ]
     declared = {d.id for d in decls}
     batch_values = tuple(sorted({i: v for i, v in values if i in declared}.items()))
     frames.append(Batch(seq=1, timestamp=1.0, values=batch_values))

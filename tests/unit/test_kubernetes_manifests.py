@@ -452,9 +452,19 @@ def test_agent_pushes_to_the_gateway_with_this_nodes_certificate(tmp_path: Path)
 
 
 def test_agent_spool_is_a_host_path(tmp_path: Path) -> None:
-    mount, vol = mount_at(find(AGENT_FILE, "DaemonSet"), "/var/lib/edge-gpu-relay")
+    """The spool survives pod restarts and upgrades: its directory is a writable hostPath
+    at the same path as on a systemd box, and the agent's [spool] points at it."""
+    workload, cfg, _ = load_agent(AGENT_FILE, tmp_path)
+    mount, vol = mount_at(workload, "/var/lib/edge-gpu-relay")
     assert not mount.get("readOnly")
     assert vol["hostPath"] == {"path": "/var/lib/edge-gpu-relay", "type": "DirectoryOrCreate"}
+    assert cfg.gateway.address, "the spool is used only when the agent pushes to a gateway"
+    assert cfg.spool.enabled
+    spool_mount, rel = mount_for(workload, cfg.spool.path)
+    assert spool_mount["mountPath"] == "/var/lib/edge-gpu-relay"
+    assert rel == PurePosixPath("spool.sqlite"), "the database (and its WAL) on the hostPath"
+    # The root filesystem is read-only: nothing but the hostPath can hold the spool.
+    assert only_container(workload)["securityContext"]["readOnlyRootFilesystem"] is True
 
 
 def test_agent_namespace_allows_what_the_agent_needs() -> None:

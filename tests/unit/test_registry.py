@@ -107,19 +107,80 @@ def test_newer_connection_wins_and_the_old_one_is_ignored() -> None:
 def test_duplicate_batches_never_overwrite_newer_values_even_after_reconnect() -> None:
     reg = Registry()
     conn = online(reg, "n")
+    assert reg.mark_delivered("n", 1)
     assert not reg.apply("n", conn.conn_id, batch(5, (0, 60.0)), now=T0, size_bytes=1).duplicate
-    dup = reg.apply("n", conn.conn_id, batch(4, (0, 99.0)), now=T0, size_bytes=1)
-    assert dup.duplicate and dup.seq == 4
+    assert reg.mark_delivered("n", 5) and not reg.mark_delivered("n", 5)
+    dup = reg.apply("n", conn.conn_id, batch(1, (0, 99.0)), now=T0, size_bytes=1)
+    assert dup.duplicate and dup.seq == 1
     again = reg.connect("n", remote="r", hello=hello("n"), now=T0 + 1)
     new = decl(9, "DCGM_FI_DEV_GPU_TEMP", (("gpu", "0"),))
     reg.declare("n", again.conn_id, Declare(series=(*device_series("n").series, new)))
     replay = batch(5, (0, 99.0), (9, 41.0))
+    assert reg.is_delivered("n", 5)  # delivered seqs survive reconnects
     assert reg.apply("n", again.conn_id, replay, now=T0 + 1, size_bytes=1).duplicate
-    # the replay fills a series that never had a value, and overwrites nothing
+    # the duplicate fills a series that never had a value, and overwrites nothing
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 60' in lines(reg)
     assert 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n"} 41' in lines(reg)
     view = reg.node("n", now=T0 + 1)
     assert view is not None and view.duplicates == 2 and view.batches_received == 4
+
+
+def test_a_batch_not_delivered_yet_is_applied_whatever_its_seq() -> None:
+    """Duplicates are the delivered seqs, not everything below a high-water mark: a live
+    batch is applied even when a higher seq was seen (acks are per seq, not cumulative)."""
+    reg = Registry()
+    conn = online(reg, "n")
+    reg.mark_delivered("n", 7)
+    applied = reg.apply("n", conn.conn_id, batch(3, (0, 12.0)), now=T0, size_bytes=1)
+    assert not applied.duplicate and applied.changed == 1
+    assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 12' in lines(reg)
+    assert not reg.is_delivered("n", 3) and not reg.is_delivered("other", 3)
+
+
+def test_replays_never_change_the_exposed_values() -> None:
+    reg = Registry()
+    conn = online(reg, "n")
+    before = lines(reg)
+    first = reg.replay("n", conn.conn_id, 0, now=T0 + 5, size_bytes=300)
+    assert not first.duplicate and first.seq == 0
+    reg.mark_delivered("n", 0)
+    assert reg.replay("n", conn.conn_id, 0, now=T0 + 6, size_bytes=300).duplicate
+    assert reg.replay("n", conn.conn_id, 2, now=T0 + 6, size_bytes=1, in_flight=True).duplicate
+    assert lines(reg) == before
+    view = reg.node("n", now=T0 + 6)
+    assert view is not None
+    assert (view.replays_received, view.batches_received, view.duplicates) == (3, 1, 2)
+    assert view.bytes_received == 100 + 601 and view.last_seen == T0 + 6
+    assert view.last_batch_time == T0  # replays are old collections, not fresh data
+    other = reg.connect("n", remote="r", hello=hello("n"), now=T0 + 7)
+    with pytest.raises(StaleConnection):
+        reg.replay("n", conn.conn_id, 3, now=T0 + 7, size_bytes=1)
+    assert other.replaced == conn.conn_id
+
+
+def test_samples_are_the_full_state_with_remote_write_labels() -> None:
+    reg = Registry()
+    conn = online(reg, "n")
+    reg.apply("n", conn.conn_id, batch(2, (0, 51.0)), now=T0, size_bytes=1)  # one changed
+    assert sorted(reg.samples("n")) == [
+        ((("__name__", "DCGM_CUSTOM_PROCESS_SM_UTIL"), ("NodeName", "n"), ("PodName", "p")), 7.0),
+        ((("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "0"), ("Hostname", "n")), 51.0),
+        ((("__name__", "gpurelay_agent_collections_total"), ("Hostname", "n")), 3.0),
+    ]
+    reg.apply("n", conn.conn_id, Batch(seq=3, timestamp=T0, values=(), removed=(1,)), now=T0,
+              size_bytes=1)  # fmt: skip
+    assert [labels[0][1] for labels, _ in sorted(reg.samples("n"))] == [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "gpurelay_agent_collections_total",
+    ]
+    assert reg.samples("unknown") == []
+
+
+def test_refuses_what_a_declaration_may_not_carry() -> None:
+    reg = Registry()
+    assert reg.refuses("DCGM_FI_DEV_GPU_UTIL", (("gpu", "0"),)) is None
+    assert "reserved" in (reg.refuses("gpurelay_gateway_x", ()) or "")
+    assert "invalid label name" in (reg.refuses("x", (("__name__", "y"),)) or "")
 
 
 def test_states_follow_the_agent_interval() -> None:

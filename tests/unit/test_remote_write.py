@@ -317,6 +317,16 @@ async def test_400_is_rejected_with_body_and_not_retried(caplog: pytest.LogCaptu
     assert body in caplog.text
 
 
+async def test_old_prometheus_500_for_too_old_samples_is_final() -> None:
+    """Prometheus < 2.49 answers 500 for samples beyond its out-of-order window."""
+    body = "too old sample"
+    rec = Recorder(httpx.Response(500, text=body))
+    w = rec.writer()
+    with pytest.raises(RemoteWriteRejected) as info:
+        await w.send(SERIES)
+    assert (info.value.status, len(rec.requests), rec.sleeps) == (500, 1, [])
+
+
 async def test_transport_error_is_retried() -> None:
     rec = Recorder(httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), httpx.Response(204))
     w = rec.writer()

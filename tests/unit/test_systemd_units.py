@@ -157,6 +157,24 @@ def test_agent_contract(agent: Unit) -> None:
     assert "AF_NETLINK" in one(agent, s, "RestrictAddressFamilies").split()
 
 
+def test_agent_spool_directory_is_the_writable_state_directory(agent: Unit) -> None:
+    """The spool's default directory is the unit's StateDirectory: systemd creates it for
+    the service user, and under ProtectSystem=strict it is the one writable place."""
+    s = "Service"
+    state = Path("/var/lib") / one(agent, s, "StateDirectory")
+    spool = AgentConfig().spool
+    assert spool.directory == state
+    assert spool.path.parent == state
+    assert one(agent, s, "ProtectSystem") == "strict"
+    # StateDirectory= is exempt from ProtectSystem=strict; a ReadWritePaths= would be
+    # redundant here, and one that does not cover the spool would be a mistake.
+    for paths in values(agent, s, "ReadWritePaths"):
+        assert str(state) in [path.lstrip("-") for path in paths.split()]
+    # The database and its WAL are created private to the service user.
+    assert one(agent, s, "UMask") == "0077"
+    assert int(one(agent, s, "StateDirectoryMode"), 8) & 0o007 == 0, "not world-accessible"
+
+
 def test_gateway_contract(gateway: Unit) -> None:
     s = "Service"
     assert one(gateway, s, "ExecStart").endswith("--config /etc/edge-gpu-relay/gateway.toml")

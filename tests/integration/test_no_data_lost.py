@@ -1,0 +1,151 @@
+"""Nothing lost when the edge link drops: real agent, gateway and Prometheus processes.
+
+The agent collects every second (2 simulated GPUs); the gateway remote-writes every sample
+to a real Prometheus started with ``--web.enable-remote-write-receiver`` and an
+``out_of_order_time_window``. After each fault the TSDB must hold a sample of every series
+at every collection, counted exactly (tests/fault_support.completeness).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fault_support import AgentProc, GatewayProc, Process, Receiver, completeness, wait_until
+from tests.gateway_support import Pki, make_pki
+
+NODE = "edge-a"
+OUTAGE_SECONDS = 60
+
+
+@dataclass
+class Fleet:
+    pki: Pki
+    tmp: Path
+    receiver: Receiver
+    gateway: GatewayProc
+    agent: AgentProc
+    started: float
+
+    def agent_again(self, **kwargs: float) -> AgentProc:
+        return AgentProc(
+            self.pki, self.tmp, NODE, self.gateway, spool_dir=self.tmp / "spool", **kwargs
+        )
+
+    def logs(self) -> str:
+        procs: list[Process] = [self.receiver, self.gateway, self.agent]
+        return "\n".join(p.tail() for p in procs)
+
+    def drained(self) -> bool:
+        """The agent's spool is empty and it is connected."""
+        return (
+            self.agent.metric("gpurelay_agent_spool_batches") == 0
+            and self.agent.metric("gpurelay_agent_gateway_connected") == 1
+        )
+
+
+def start_fleet(prometheus_bin: Path, tmp: Path, **agent: float) -> Fleet:
+    pki = make_pki(tmp)
+    receiver = Receiver(prometheus_bin, tmp)
+    receiver.start()
+    wait_until(receiver.ready, 60, "prometheus ready")
+    gateway = GatewayProc(pki, tmp, receiver.url)
+    gateway.start()
+    wait_until(gateway.ready, 60, "gateway ready")
+    a = AgentProc(pki, tmp, NODE, gateway, spool_dir=tmp / "spool", **agent)
+    a.start()
+    fleet = Fleet(pki, tmp, receiver, gateway, a, time.time())
+    wait_until(lambda: a.metric("gpurelay_agent_gateway_acked_seq") > 0, 60, "first ACK")
+    return fleet
+
+
+@pytest.fixture
+def fleet_factory(prometheus_bin: Path, tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
+    fleets: list[Fleet] = []
+
+    def make(**agent: float) -> Fleet:
+        fleet = start_fleet(prometheus_bin, tmp_path, **agent)
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        for proc in (fleet.agent, fleet.gateway, fleet.receiver):
+            proc.stop()
+
+
+def check(fleet: Fleet, what: str) -> str:
+    """Wait for the spool to drain and the TSDB to catch up; assert nothing is missing."""
+    try:
+        wait_until(fleet.drained, 120, "the agent's spool to drain", poll=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{fleet.logs()}") from exc
+    time.sleep(3)  # the last acked batches are in the TSDB (ack follows the 2xx)
+    window = int(time.time() - fleet.started) + 30
+    result = completeness(fleet.receiver, NODE, window_s=window, at=time.time())
+    report = f"{what}: {result.summary()}"
+    print(report)
+    assert result.series > 50, report
+    assert not result.missing, f"{report}\n" + "\n".join(result.missing[:20])
+    assert not result.strays, f"{report}\n" + "\n".join(result.strays[:20])
+    assert result.found == result.expected, report
+    return report
+
+
+def test_gateway_outage_of_60s_loses_no_sample(fleet_factory: Callable[..., Fleet]) -> None:
+    fleet = fleet_factory()
+    time.sleep(3)
+    down = time.time()
+    fleet.gateway.stop()
+    time.sleep(OUTAGE_SECONDS)
+    assert fleet.agent.metric("gpurelay_agent_spool_batches") >= OUTAGE_SECONDS - 5
+    fleet.gateway.start()
+    up = time.time()
+    wait_until(fleet.gateway.ready, 60, "gateway ready again")
+    report = check(fleet, "60 s gateway outage")
+    result = completeness(fleet.receiver, NODE, window_s=600, at=time.time())
+    during = result.between(down, up)
+    assert during >= OUTAGE_SECONDS - 3, f"{during} collections during the outage; {report}"
+    replayed = fleet.agent.metric("gpurelay_agent_replayed_batches_total")
+    assert replayed >= OUTAGE_SECONDS - 5, f"replayed {replayed}"
+    print(f"collections during the outage: {during}; replayed batches: {replayed:.0f}")
+
+
+def test_kill_9_during_replay_loses_and_duplicates_nothing(
+    fleet_factory: Callable[..., Fleet],
+) -> None:
+    fleet = fleet_factory(replay_rate=3.0, max_in_flight=4)
+    fleet.gateway.stop()
+    time.sleep(25)
+    fleet.gateway.start()
+    wait_until(fleet.gateway.ready, 60, "gateway ready again")
+    wait_until(
+        lambda: fleet.agent.metric("gpurelay_agent_replayed_batches_total") >= 5,
+        60,
+        "replay under way",
+    )
+    backlog = fleet.agent.metric("gpurelay_agent_spool_batches")
+    assert backlog >= 10, f"the replay should still be going: {backlog} batches left"
+    fleet.agent.kill9()
+    time.sleep(2)
+    fleet.agent = fleet.agent_again(replay_rate=50.0)
+    fleet.agent.start()
+    wait_until(lambda: fleet.agent.metric("gpurelay_agent_gateway_connected") == 1, 60, "agent")
+    check(fleet, f"kill -9 in the middle of a replay ({backlog:.0f} batches left)")
+
+
+def test_receiver_down_data_waits_in_the_spool(fleet_factory: Callable[..., Fleet]) -> None:
+    fleet = fleet_factory()
+    time.sleep(2)
+    fleet.receiver.stop()
+    time.sleep(20)
+    waiting = fleet.agent.metric("gpurelay_agent_spool_batches")
+    assert waiting >= 10, f"the spool should hold what the receiver did not take: {waiting}"
+    assert fleet.agent.metric("gpurelay_agent_gateway_connected") == 1
+    fleet.receiver.start()
+    wait_until(fleet.receiver.ready, 60, "prometheus ready again")
+    check(fleet, f"receiver down 20 s ({waiting:.0f} batches waited in the spool)")

@@ -1,0 +1,67 @@
+"""Gateway config: the [remote_write] section, from TOML and CLOUD_GATEWAY_REMOTE_WRITE_*."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloud_gateway.config import check_remote_write, load
+from cloud_gateway.errors import GatewayConfigError
+
+
+def test_remote_write_is_off_by_default() -> None:
+    cfg = load(None, {})
+    assert cfg.remote_write.url == ""
+    assert cfg.remote_write.max_queued_batches_per_node == 256
+    assert check_remote_write(cfg.remote_write) is None
+
+
+def test_remote_write_from_toml_and_environment(tmp_path: Path) -> None:
+    f = tmp_path / "gateway.toml"
+    f.write_text(
+        "[remote_write]\n"
+        'url = "https://mimir.example/api/v1/push"\n'
+        'headers = ["X-Scope-OrgID: edge"]\n'
+        "max_samples_per_send = 500\n"
+    )
+    env = {
+        "CLOUD_GATEWAY_REMOTE_WRITE_BEARER_TOKEN_FILE": "/run/secrets/rw-token",
+        "CLOUD_GATEWAY_REMOTE_WRITE_MAX_QUEUED_BATCHES_PER_NODE": "32",
+        "CLOUD_GATEWAY_REMOTE_WRITE_TLS_INSECURE_SKIP_VERIFY": "false",
+    }
+    cfg = load(f, env)
+    client = check_remote_write(cfg.remote_write)
+    assert client is not None
+    assert client.url == "https://mimir.example/api/v1/push"
+    assert client.headers == ("X-Scope-OrgID: edge",)
+    assert client.bearer_token_file == Path("/run/secrets/rw-token")
+    assert client.max_samples_per_send == 500
+    assert cfg.remote_write.max_queued_batches_per_node == 32
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "message"),
+    [
+        ('url = "ftp://x"\n', {}, "remote_write: remote write url must be http(s)://"),
+        ('url = "http://x"\nmax_retries = -1\n', {}, "remote_write: max_retries must be >= 0"),
+        (
+            'url = "http://x"\nbearer_token = "a"\nbasic_user = "b"\n',
+            {},
+            "remote_write: set bearer or basic auth, not both",
+        ),
+        ('url = "http://x"\nheaders = ["nocolon"]\n', {}, "header must be 'Name: value'"),
+        ("max_queued_batches_per_node = 0\n", {}, "max_queued_batches_per_node must be >= 1"),
+        ("timeout_seconds = 'soon'\n", {}, "remote_write.timeout_seconds must be of type float"),
+        ("urll = 'x'\n", {}, "unknown key(s) in remote_write: urll"),
+        ("", {"CLOUD_GATEWAY_REMOTE_WRITE_MAX_RETRIES": "many"}, "must be of type int"),
+    ],
+)
+def test_a_bad_remote_write_value_is_a_one_line_error(
+    tmp_path: Path, toml: str, env: dict[str, str], message: str
+) -> None:
+    f = tmp_path / "gateway.toml"
+    f.write_text("[remote_write]\n" + toml)
+    with pytest.raises(GatewayConfigError) as err:
+        load(f, env)
+    assert message in str(err.value) and "\n" not in str(err.value)
