@@ -131,6 +131,8 @@ class NodeSession:
         self._pending_bytes = 0
         self._records = RecordDecoder(limits=ingest.limits)
         self._keys: dict[tuple[str, Labels], Labels | None] = {}  # replayed series -> key
+        self._replay_series: tuple[tuple[str, Labels], ...] = ()  # the last record's series
+        self._replay_keys: list[Labels | None] = []  # and their keys
         self._forwarder: Forwarder | None = None
         if ingest.remote_write is not None:
             self._forwarder = Forwarder(
@@ -315,21 +317,26 @@ class NodeSession:
     def _replayed_samples(self, record: Record) -> list[tuple[Labels, float]]:
         """A record's samples with the remote write key of each series: its name, its
         labels stamped with the authenticated node; series the registry would refuse
-        (reserved names) are left out."""
-        keys = self._keys
-        out: list[tuple[Labels, float]] = []
-        for s in record.series:
-            cache_key = (s.name, s.labels)
-            try:
-                key = keys[cache_key]
-            except KeyError:
-                key = self._key(s.name, s.labels)
-                if len(keys) >= _MAX_KEYS:
-                    keys.clear()
-                keys[cache_key] = key
-            if key is not None:
-                out.append((key, s.value))
-        return out
+        (reserved names) are left out. The decoder hands out one tuple per series list,
+        so the keys of a backlog of the same series are worked out once."""
+        if record.series is not self._replay_series:
+            keys = self._keys
+            row: list[Labels | None] = []
+            for cache_key in record.series:
+                try:
+                    key = keys[cache_key]
+                except KeyError:
+                    key = self._key(*cache_key)
+                    if len(keys) >= _MAX_KEYS:
+                        keys.clear()
+                    keys[cache_key] = key
+                row.append(key)
+            self._replay_series, self._replay_keys = record.series, row
+        return [
+            (key, value)
+            for key, value in zip(self._replay_keys, record.values, strict=True)
+            if key is not None
+        ]
 
     def _key(self, name: str, labels: Labels) -> Labels | None:
         reason = self._ingest.registry.refuses(name, labels)

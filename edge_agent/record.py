@@ -5,15 +5,18 @@ BATCH it depends on nothing sent before (no series ids, no previous values), so 
 sent on any later connection, in any order, after any agent restart. Both sides import this
 module; it is pure (no I/O, no clocks).
 
-Layout: ``b"GR1" | zlib(body)``, and ``body`` is::
+Layout: ``b"GR1" | zlib(body)``, and ``body`` is (big endian)::
 
-    u32 (big endian) J | J bytes of UTF-8 JSON | N x float64 (big endian)
+    i64 ts_ms | u32 J | J bytes of UTF-8 JSON | N x float64
 
-with the JSON ``{"ts_ms": int, "series": [[name, [k1, v1, k2, v2, ...]], ...]}`` listing
-N series; the i-th float64 is the value of the i-th series (bit exact: NaN, inf, -0.0).
-Type and help are left out: the receiver of replayed samples (remote write) needs neither.
-Label names and values repeat from series to series, so zlib takes a 500-series collection
-from ~60 kB to a few kB.
+with the JSON ``[[name, [k1, v1, k2, v2, ...]], ...]`` listing the N series; the i-th
+float64 is the value of the i-th series (bit exact: NaN, inf, -0.0). Type and help are left
+out: the receiver of replayed samples (remote write) needs neither. Label names and values
+repeat from series to series, so zlib takes a 740-series collection from ~60 kB to ~8.5 kB.
+The series list is the same from one collection to the next while nothing comes or goes,
+so both ends keep the last few: the encoder reuses its JSON, the decoder its parsed and
+checked series (``Record.series`` is then the very same tuple, which lets the gateway
+reuse what it derived from it).
 
 The encoder leaves out series the gateway would refuse (the same checks as a DECLARE),
 so one bad series never makes a whole record unsendable; the decoder enforces those checks
@@ -34,23 +37,20 @@ from edge_agent.wire import Limits, SeriesDecl, WireError, check_series
 
 MAGIC: Final = b"GR1"
 MAX_RECORD_BYTES: Final = 64 * 1024 * 1024  # inflated body, whatever the frame limit
-_U32: Final = struct.Struct(">I")
+_HEAD: Final = struct.Struct(">qI")
 _MAX_TIMESTAMP_MS: Final = 2**62
 _MAX_REMEMBERED: Final = 200_000  # checked series keys kept by one encoder or decoder
+_HEADERS_KEPT: Final = 8  # series lists a decoder keeps, parsed
 _DEFAULT_LIMITS: Final = Limits()
 
-
-@dataclass(frozen=True, slots=True)
-class RecordSeries:
-    name: str
-    labels: Labels
-    value: float
+SeriesKey = tuple[str, Labels]
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
     timestamp_ms: int
-    series: tuple[RecordSeries, ...]
+    series: tuple[SeriesKey, ...]  # (name, labels) of each series
+    values: tuple[float, ...]  # values[i] is the value of series[i]
 
 
 class RecordEncoder:
@@ -60,12 +60,14 @@ class RecordEncoder:
     def __init__(self, *, limits: Limits = _DEFAULT_LIMITS, level: int = 6) -> None:
         self._limits = limits
         self._level = level
-        self._ok: set[tuple[str, Labels]] = set()
-        self._bad: set[tuple[str, Labels]] = set()
+        self._ok: set[SeriesKey] = set()
+        self._bad: set[SeriesKey] = set()
+        self._last_keys: list[SeriesKey] = []
+        self._last_json = b"[]"
 
     def encode(self, snapshot: Snapshot) -> bytes:
-        seen: set[tuple[str, Labels]] = set()
-        meta: list[object] = []
+        seen: set[SeriesKey] = set()
+        keys: list[SeriesKey] = []
         values: list[float] = []
         limit = self._limits.max_series
         for sample in snapshot.samples:
@@ -75,15 +77,15 @@ class RecordEncoder:
             if len(values) >= limit:
                 break
             seen.add(key)
-            flat = [part for pair in sample.labels for part in pair]
-            meta.append([sample.name, flat])
+            keys.append(key)
             values.append(float(sample.value))
-        head = json.dumps(
-            {"ts_ms": round(snapshot.timestamp * 1000), "series": meta},
-            ensure_ascii=False,
-            separators=(",", ":"),
-        ).encode()
-        body = _U32.pack(len(head)) + head + struct.pack(f">{len(values)}d", *values)
+        if keys != self._last_keys:
+            meta = [[name, [part for pair in labels for part in pair]] for name, labels in keys]
+            self._last_keys = keys
+            self._last_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
+        head = self._last_json
+        ts_ms = round(snapshot.timestamp * 1000)
+        body = _HEAD.pack(ts_ms, len(head)) + head + struct.pack(f">{len(values)}d", *values)
         return MAGIC + zlib.compress(body, self._level)
 
     def _acceptable(self, key: tuple[str, Labels]) -> bool:
@@ -109,41 +111,66 @@ class RecordEncoder:
 class RecordDecoder:
     """Records to :class:`Record`; :class:`WireError` for anything malformed.
 
-    Remembers the series that passed the checks (bounded), so replaying a backlog of
-    collections of the same series checks each series once."""
+    Keeps the last few series lists it parsed and checked, by their exact bytes: a backlog
+    of collections of the same series is parsed once, then each record costs an inflate
+    and an unpack of its values."""
 
     def __init__(self, *, limits: Limits = _DEFAULT_LIMITS) -> None:
         self._limits = limits
+        self._headers: dict[bytes, tuple[SeriesKey, ...]] = {}
         self._known: dict[tuple[str, tuple[str, ...]], Labels] = {}
 
     def decode(self, data: bytes) -> Record:
-        body, head_end, ts_ms, meta = _open(data, self._limits)
-        n = len(meta)
-        values = struct.unpack_from(f">{n}d", body, head_end)
+        body, ts_ms, head = _open(data)
+        series = self._headers.get(head)
+        if series is None:
+            series = self._parse(head)
+            if len(self._headers) >= _HEADERS_KEPT:
+                self._headers.pop(next(iter(self._headers)))
+            self._headers[head] = series
+        n = len(series)
+        start = _HEAD.size + len(head)
+        if len(body) - start != 8 * n:
+            raise WireError(
+                "malformed",
+                f"REPLAY record lists {n} series but has {len(body) - start} value bytes",
+            )
+        return Record(ts_ms, series, struct.unpack_from(f">{n}d", body, start))
+
+    def _parse(self, head: bytes) -> tuple[SeriesKey, ...]:
+        try:
+            meta = json.loads(head.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise WireError(
+                "malformed", f"REPLAY record series are not valid JSON ({exc})"
+            ) from exc
+        if not isinstance(meta, list):
+            raise WireError("malformed", "REPLAY record series is not a list")
+        if len(meta) > self._limits.max_series:
+            raise WireError(
+                "too_many_series",
+                f"REPLAY record has {len(meta)} series, more than the limit of "
+                f"{self._limits.max_series}",
+            )
         known = self._known
-        series: list[RecordSeries] = []
-        seen: set[tuple[str, Labels]] = set()
-        for i, (entry, value) in enumerate(zip(meta, values, strict=True)):
-            labels = None
-            if type(entry) is list and len(entry) == 2 and type(entry[1]) is list:
-                name, flat = entry
-                try:
-                    labels = known.get((name, tuple(flat)))
-                except TypeError:  # something unhashable: the full check says what
-                    labels = None
-            if labels is None:
-                name, labels = _series_meta(entry, i)
+        series: list[SeriesKey] = []
+        seen: set[SeriesKey] = set()
+        for i, entry in enumerate(meta):
+            name, labels = _series_meta(entry, i)
+            flat = tuple(part for pair in labels for part in pair)
+            cached = known.get((name, flat))
+            if cached is None:
                 decl = SeriesDecl(id=i, name=name, type="gauge", help="", labels=labels)
                 check_series(decl, self._limits)
                 if len(known) >= _MAX_REMEMBERED:
                     known.clear()
-                known[(name, tuple(part for pair in labels for part in pair))] = labels
-            key = (name, labels)
+                known[(name, flat)] = cached = labels
+            key = (name, cached)
             if key in seen:
                 raise WireError("malformed", f"REPLAY record lists series {name}{labels} twice")
             seen.add(key)
-            series.append(RecordSeries(name, labels, value))
-        return Record(timestamp_ms=ts_ms, series=tuple(series))
+            series.append(key)
+        return tuple(series)
 
 
 def decode_record(data: bytes, *, limits: Limits = _DEFAULT_LIMITS) -> Record:
@@ -151,8 +178,8 @@ def decode_record(data: bytes, *, limits: Limits = _DEFAULT_LIMITS) -> Record:
     return RecordDecoder(limits=limits).decode(data)
 
 
-def _open(data: bytes, limits: Limits) -> tuple[bytes, int, int, list[object]]:
-    """Inflate and check the frame of a record: (body, end of header, ts_ms, series meta)."""
+def _open(data: bytes) -> tuple[bytes, int, bytes]:
+    """Inflate a record and check its frame: (body, ts_ms, series JSON bytes)."""
     if not data.startswith(MAGIC):
         raise WireError("malformed", "REPLAY record does not start with the record magic GR1")
     inflater = zlib.decompressobj()
@@ -164,35 +191,15 @@ def _open(data: bytes, limits: Limits) -> tuple[bytes, int, int, list[object]]:
         raise WireError("oversize", f"REPLAY record inflates to more than {MAX_RECORD_BYTES} bytes")
     if not inflater.eof or inflater.unused_data:
         raise WireError("malformed", "REPLAY record is truncated or has trailing bytes")
-    if len(body) < 4:
+    if len(body) < _HEAD.size:
         raise WireError("malformed", "REPLAY record is shorter than its header")
-    (head_len,) = _U32.unpack_from(body, 0)
-    head_end = 4 + head_len
-    if head_end > len(body):
-        raise WireError("malformed", "REPLAY record header is longer than the record")
-    try:
-        head = json.loads(body[4:head_end].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise WireError("malformed", f"REPLAY record header is not valid JSON ({exc})") from exc
-    if not isinstance(head, dict) or set(head) != {"ts_ms", "series"}:
-        raise WireError("malformed", "REPLAY record header must be {ts_ms, series}")
-    ts_ms, meta = head["ts_ms"], head["series"]
-    if type(ts_ms) is not int or abs(ts_ms) >= _MAX_TIMESTAMP_MS:
-        raise WireError("malformed", f"REPLAY record timestamp {ts_ms!r} is not usable")
-    if not isinstance(meta, list):
-        raise WireError("malformed", "REPLAY record series is not a list")
-    n = len(meta)
-    if n > limits.max_series:
-        raise WireError(
-            "too_many_series",
-            f"REPLAY record has {n} series, more than the limit of {limits.max_series}",
-        )
-    if len(body) - head_end != 8 * n:
-        raise WireError(
-            "malformed",
-            f"REPLAY record lists {n} series but has {len(body) - head_end} value bytes",
-        )
-    return body, head_end, ts_ms, meta
+    ts_ms, head_len = _HEAD.unpack_from(body, 0)
+    if abs(ts_ms) >= _MAX_TIMESTAMP_MS:
+        raise WireError("malformed", f"REPLAY record timestamp {ts_ms} ms is not usable")
+    end = _HEAD.size + head_len
+    if end > len(body):
+        raise WireError("malformed", "REPLAY record series list is longer than the record")
+    return body, ts_ms, bytes(body[_HEAD.size : end])
 
 
 def _series_meta(entry: object, i: int) -> tuple[str, Labels]:

@@ -50,7 +50,7 @@ def test_live_first_then_backlog_oldest_first(tmp_path: Path) -> None:
         replays.append(b.seq)
         d.sent_replay(b.seq)
     assert replays == [1, 2, 3, 4]
-    assert decode_record(box.spool.pending(limit=1)[0].payload).series[0].value == 0.0  # type: ignore[union-attr]
+    assert decode_record(box.spool.pending(limit=1)[0].payload).values[0] == 0.0  # type: ignore[union-attr]
     # Two more collections while busy: the newest goes live, the superseded one is replayed.
     box.put(snap(5))
     box.put(snap(6))
