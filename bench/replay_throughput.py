@@ -1,7 +1,7 @@
 """Replay throughput: how fast a backlog drains from an agent's spool into a real TSDB.
 
 An agent's spool is filled with N collections of an 8-GPU node (64 GPU processes, ~740
-series each) taken 10 s apart over the last N x 10 s, as if the link had been down that
+series each) taken ``--step`` seconds apart up to now, as if the link had been down that
 long. Then a gateway (its own process, remote write on) and a real Prometheus receiver
 (``--web.enable-remote-write-receiver``, out-of-order window 2 h) are started, and the
 agent (its own process, replay rate unbounded by default) drains the spool. Reports
@@ -40,20 +40,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def fill_spool(path: Path, batches: int, node: str) -> tuple[int, int]:
+def fill_spool(path: Path, batches: int, node: str, step: float) -> tuple[int, int]:
     """N spooled records ending now; (series per record, total bytes)."""
     snaps = simulated_snapshots(gpus=8, processes_per_gpu=8, count=min(batches, 50))
     encoder = RecordEncoder()
     now = time.time()
     spool = Spool(path)
-    first_seq = int(now * 1000) - 10 * batches
+    first_seq = int(now * 1000) - 10 * batches - 1000
     total = 0
     for i in range(batches):
         base = snaps[i % len(snaps)]
         snap = dataclasses.replace(
             base,
             node=node,
-            timestamp=now - (batches - i) * 10.0,
+            timestamp=now - (batches - i) * step,
             samples=tuple(
                 dataclasses.replace(
                     s,
@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=600)
     parser.add_argument("--rate", type=float, default=1000.0, help="replay_batches_per_second")
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument(
+        "--step", type=float, default=2.0, help="seconds between spooled collections"
+    )
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -84,7 +87,7 @@ def main() -> None:
         tmp = Path(name)
         pki = make_pki(tmp)
         spool_dir = tmp / "spool"
-        series, size = fill_spool(spool_dir / "spool.sqlite", args.batches, NODE)
+        series, size = fill_spool(spool_dir / "spool.sqlite", args.batches, NODE, args.step)
         print(
             f"replay throughput: {args.batches} spooled collections x {series} series "
             f"({size / args.batches / 1024:.1f} KiB each), replay rate limit {args.rate:g}/s, "
@@ -134,10 +137,17 @@ def main() -> None:
             )
             at = time.time()
             data = receiver.raw(
-                '{__name__="DCGM_FI_DEV_GPU_TEMP"}', window_s=10 * args.batches + 120, at=at
+                '{__name__="DCGM_FI_DEV_GPU_TEMP"}',
+                window_s=int(args.step * args.batches) + 120,
+                at=at,
             )
-            counts = sorted({len(v) for v in data.values()})
-            print(f"  Prometheus: {len(data)} GPU temperature series, samples per series {counts}")
+            counts = sorted(len(v) for v in data.values())
+            full = sum(1 for n in counts if n == args.batches)
+            print(
+                f"  Prometheus: {full} of the 8 backlog GPU temperature series hold all "
+                f"{args.batches} samples (all series' counts: {counts}; the rest are the "
+                f"agent's own live collections)"
+            )
         finally:
             for proc in (agent, gateway, receiver):
                 if proc is not None:
