@@ -74,6 +74,9 @@ process_interval_seconds = 5
 address = "127.0.0.1:{SSH_PORT}"
 known_hosts = "{ca.known_hosts}"
 key = "{ca.dir / "nodes" / NODE}"
+
+[spool]
+directory = "{DEV / "spool"}"
 """
     )
     return gateway, agent
