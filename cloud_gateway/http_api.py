@@ -234,6 +234,7 @@ def node_summary(
         "batches_received": view.batches_received,
         "bytes_received": view.bytes_received,
         "duplicate_batches": view.duplicates,
+        "replayed_batches": view.replays_received,
     }
 
 

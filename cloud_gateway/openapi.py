@@ -35,6 +35,7 @@ _NODE = {
         "batches_received": {"type": "integer"},
         "bytes_received": {"type": "integer"},
         "duplicate_batches": {"type": "integer"},
+        "replayed_batches": {"type": "integer"},
     },
 }
 _TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}

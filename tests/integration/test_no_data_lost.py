@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.fault_support import AgentProc, GatewayProc, Process, Receiver, completeness, wait_until
-from tests.gateway_support import Pki, make_pki
+from tests.gateway_support import TOKEN, Pki, make_pki
 
 NODE = "edge-a"
 OUTAGE_SECONDS = 60
@@ -113,6 +114,12 @@ def test_gateway_outage_of_60s_loses_no_sample(fleet_factory: Callable[..., Flee
     replayed = fleet.agent.metric("gpurelay_agent_replayed_batches_total")
     assert replayed >= OUTAGE_SECONDS - 5, f"replayed {replayed}"
     print(f"collections during the outage: {during}; replayed batches: {replayed:.0f}")
+    node = httpx.get(
+        f"{fleet.gateway.url}/api/v1/nodes/{NODE}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    ).json()
+    assert node["replayed_batches"] >= OUTAGE_SECONDS - 5, node
 
 
 def test_kill_9_during_replay_loses_and_duplicates_nothing(
