@@ -79,6 +79,14 @@ def fleet_factory(prometheus_bin: Path, tmp_path: Path) -> Iterator[Callable[...
             proc.stop()
 
 
+def gateway_value(body: str, name: str) -> float:
+    """The value of the node's one series ``name`` in the gateway's unified /metrics."""
+    for line in body.splitlines():
+        if line.startswith(name + "{") and f'"{NODE}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} of {NODE} not in the gateway's /metrics")
+
+
 def check(fleet: Fleet, what: str) -> str:
     """Wait for the spool to drain and the TSDB to catch up; assert nothing is missing."""
     try:
@@ -137,6 +145,10 @@ def test_kill_9_during_replay_loses_and_duplicates_nothing(
     )
     backlog = fleet.agent.metric("gpurelay_agent_spool_batches")
     assert backlog >= 10, f"the replay should still be going: {backlog} batches left"
+    # Live data is not held behind the backlog, and /metrics never shows a replayed value.
+    local = fleet.agent.metric("gpurelay_agent_collections_total")
+    unified = gateway_value(fleet.gateway.metrics(), "gpurelay_agent_collections_total")
+    assert local - 2 <= unified <= local + 1, (local, unified)  # a collection may land between
     fleet.agent.kill9()
     time.sleep(2)
     fleet.agent = fleet.agent_again(replay_rate=50.0)
