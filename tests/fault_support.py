@@ -3,6 +3,7 @@ agent; and the check that the TSDB holds every collection of every series."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,17 +107,20 @@ def _clean_env(*prefixes: str) -> dict[str, str]:
 
 
 class Receiver(Process):
-    """Prometheus with --web.enable-remote-write-receiver and an out-of-order window."""
+    """Prometheus with --web.enable-remote-write-receiver and (by default) an out-of-order
+    window; ``config`` is the text of its prometheus.yml, or a file to use as it is."""
 
-    def __init__(self, binary: Path, tmp: Path) -> None:
-        (tmp / "prometheus.yml").write_text(RECEIVER_CONFIG)
+    def __init__(self, binary: Path, tmp: Path, config: str | Path = RECEIVER_CONFIG) -> None:
+        if isinstance(config, str):
+            (tmp / "prometheus.yml").write_text(config)
+            config = tmp / "prometheus.yml"
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(
             "prometheus",
             [
                 str(binary),
-                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--config.file={config}",
                 f"--storage.tsdb.path={tmp / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-remote-write-receiver",
@@ -125,6 +130,8 @@ class Receiver(Process):
         )
 
     def ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited {self.proc.returncode}\n{self.tail()}")
         return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
 
     def raw(self, selector: str, *, window_s: int, at: float) -> dict[str, list[tuple[int, float]]]:
@@ -142,6 +149,22 @@ class Receiver(Process):
             key = json.dumps(item["metric"], sort_keys=True)
             out[key] = [(round(float(t) * 1000), float(v)) for t, v in item["values"]]
         return out
+
+
+@contextlib.contextmanager
+def running_receiver(
+    binary: Path, tmp: Path, config: str | Path = RECEIVER_CONFIG
+) -> Iterator[Receiver]:
+    """A started, ready :class:`Receiver`; killed afterwards."""
+    receiver = Receiver(binary, tmp, config)
+    receiver.start()
+    try:
+        wait_until(receiver.ready, 60, "prometheus ready")
+        yield receiver
+    finally:
+        if receiver.proc is not None and receiver.proc.poll() is None:
+            receiver.proc.kill()
+            receiver.proc.wait(timeout=10)
 
 
 class GatewayProc(Process):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import socket
 import subprocess
 import time
 import tomllib
@@ -39,6 +38,7 @@ from cloud_gateway.remote_write import (
 from edge_agent import tunnel
 from edge_agent.config import SpoolConfig
 from edge_agent.model import Family
+from tests.fault_support import running_receiver
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -49,7 +49,6 @@ UNIFIED = ROOT / "deploy" / "prometheus" / "unified.yml"
 INSTALLER = ROOT / "deploy" / "install-edge-agent.sh"
 GATEWAY_MANIFEST = ROOT / "deploy" / "kubernetes" / "cloud-gateway.yaml"
 
-READY_DEADLINE = 20.0  # Prometheus start -> /-/ready
 # Prometheus answers "too old sample" with 400 from this version on, with 500 before
 # (prometheus/prometheus#13335); deploy/prometheus/README.md says so.
 TOO_OLD_IS_400_SINCE = (2, 49)
@@ -262,49 +261,11 @@ def prometheus_version(binary: Path) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def receiver(prometheus_bin: Path, tmp_path: Path) -> Iterator[str]:
     """The shipped remote-write-receiver.yml, verbatim, in a real Prometheus."""
-    port = free_port()
-    log_path = tmp_path / "prometheus.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(prometheus_bin),
-                f"--config.file={RECEIVER}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-remote-write-receiver",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + READY_DEADLINE
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"prometheus not ready in {READY_DEADLINE}s")
-            time.sleep(0.1)
-        yield base
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with running_receiver(prometheus_bin, tmp_path, RECEIVER) as running:
+        yield running.url
 
 
 def write(base: str, series: list[Series]) -> httpx.Response:

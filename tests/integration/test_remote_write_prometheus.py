@@ -10,8 +10,6 @@ stored with its exact timestamp and value.
 from __future__ import annotations
 
 import random
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +18,8 @@ import httpx
 import pytest
 
 from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter, Series
+from tests.fault_support import running_receiver
 
-READY_DEADLINE = 20.0  # Prometheus start -> /-/ready
 CONFIG = """\
 global:
   scrape_interval: 1m
@@ -31,54 +29,11 @@ storage:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def prometheus(prometheus_bin: Path, tmp_path: Path) -> Iterator[str]:
     """Base URL of a running Prometheus remote-write receiver."""
-    config = tmp_path / "prometheus.yml"
-    config.write_text(CONFIG)
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(prometheus_bin),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-remote-write-receiver",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + READY_DEADLINE
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited {proc.returncode}: {_tail(tmp_path)}")
-            try:
-                if httpx.get(f"{base}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"prometheus not ready in {READY_DEADLINE}s: {_tail(tmp_path)}")
-            time.sleep(0.1)
-        yield base
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        log.close()
-
-
-def _tail(tmp_path: Path) -> str:
-    return (tmp_path / "prometheus.log").read_text(errors="replace")[-2000:]
+    with running_receiver(prometheus_bin, tmp_path, CONFIG) as receiver:
+        yield receiver.url
 
 
 def _query_raw(base: str, metric: str, at_ms: int) -> dict[str, list[tuple[int, float]]]:
