@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import math
@@ -42,7 +41,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,7 +63,7 @@ from edge_agent.model import GpuInventory, Snapshot
 from edge_agent.tunnel import Tunnel, TunnelStats
 from edge_agent.wire import Hello
 from tests.agent_support import simulated_snapshots
-from tests.gateway_support import TOKEN, Pki, gateway_config, make_pki
+from tests.gateway_support import TOKEN, Pki, free_ports, gateway_config, make_pki
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 7
@@ -89,15 +87,6 @@ def make_snapshots(gpus: int, processes_per_gpu: int, count: int) -> list[Snapsh
 
 
 # --- the gateway process ---------------------------------------------------------------------
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (bound to port 0 together, then released)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _toml_value(value: object) -> str:

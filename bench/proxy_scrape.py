@@ -48,12 +48,11 @@ from bench.gateway_ingest import (
     BenchError,
     GatewayProcess,
     ServiceProcess,
-    free_ports,
     gateway_toml,
     pct,
 )
 from cloud_gateway.config import load as load_gateway_config
-from tests.gateway_support import TOKEN, Pki, gateway_config, make_pki
+from tests.gateway_support import TOKEN, Pki, free_ports, gateway_config, make_pki
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "edge-bench"

@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from tests.gateway_support import TOKEN, Pki
+from tests.gateway_support import TOKEN, Pki, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 RECEIVER_CONFIG = """\
@@ -29,21 +29,9 @@ storage:
 """
 
 
-def free_ports(count: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_until(predicate: object, timeout: float, what: str, poll: float = 0.2) -> None:
-    assert callable(predicate)
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.2
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +33,15 @@ class Pki:
 
     def node(self, name: str, **kwargs: object) -> certs.Credentials:
         return certs.issue_node(self.ca.dir, name, **kwargs)  # type: ignore[arg-type]
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (bound to port 0 together, then released)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def make_pki(tmp: Path) -> Pki:

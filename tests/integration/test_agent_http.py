@@ -6,7 +6,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from aiohttp import web
 from edge_agent import http_server
 from edge_agent.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from tests.agent_support import make_pipeline
+from tests.gateway_support import free_ports
 from tests.promtool_support import unexpected_findings
 
 
@@ -89,14 +89,8 @@ def run_module(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_ports(1)[0]
     env = {**os.environ, "KUBE_NODE_NAME": "bie-node-7"}
     proc = subprocess.Popen(
         [
@@ -191,7 +185,7 @@ _ = web  # aiohttp is the server under test
 
 
 def test_sighup_reloads_what_is_safe_and_names_the_rest(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_ports(1)[0]
     cfg = tmp_path / "agent.toml"
     cfg.write_text(f'listen = "127.0.0.1:{port}"\ninterval_seconds = 30\n')
     proc = subprocess.Popen(

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -29,6 +28,7 @@ from tests.gateway_support import (
     TOKEN,
     agent_config,
     fake_exporter,
+    free_ports,
     gateway_config,
     make_pki,
     running_agent,
@@ -112,16 +112,10 @@ def test_combined_example_is_the_two_jobs_verbatim() -> None:
 # --- end to end --------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def running_prometheus(binary: Path, config: Path, tmp: Path) -> Iterator[tuple[str, Path]]:
     """Prometheus on a free loopback port; yields its URL and log file; always killed."""
-    port = free_port()
+    port = free_ports(1)[0]
     log = tmp / "prometheus.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
