@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check edge_agent cloud_gateway tests bench deploy
-	$(BIN)/ruff format --check edge_agent cloud_gateway tests bench deploy
+	$(BIN)/ruff check gpurelay edge_agent cloud_gateway tests bench deploy
+	$(BIN)/ruff format --check gpurelay edge_agent cloud_gateway tests bench deploy
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

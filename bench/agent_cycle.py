@@ -30,8 +30,8 @@ import pynvml
 from edge_agent import simhost
 from edge_agent.app import Backend, build_pipeline
 from edge_agent.config import load
-from edge_agent.model import SampleSink
 from edge_agent.nvml.simulator import SimulatedNvml
+from gpurelay.model import SampleSink
 
 GPUS, PROCS_PER_GPU = 8, 8
 

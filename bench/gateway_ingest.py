@@ -59,9 +59,9 @@ from cloud_gateway.config import GatewayConfig
 from cloud_gateway.config import load as load_gateway_config
 from edge_agent import __version__
 from edge_agent.config import GatewayConfig as AgentGatewayConfig
-from edge_agent.model import GpuInventory, Snapshot
 from edge_agent.tunnel import Tunnel, TunnelStats
-from edge_agent.wire import Hello
+from gpurelay.model import GpuInventory, Snapshot
+from gpurelay.wire import Hello
 from tests.agent_support import simulated_snapshots
 from tests.gateway_support import TOKEN, Pki, free_ports, gateway_config, make_pki
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.registry import Registry, stamp_node
-from edge_agent.model import Labels, Sample, Snapshot
-from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+from gpurelay.model import Labels, Sample, Snapshot
+from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 from tests.agent_support import make_pipeline
 
 GPUS = 8

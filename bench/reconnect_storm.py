@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gateway_ingest import BenchError, GatewayProcess, gateway_toml
 from edge_agent.config import GatewayConfig as AgentGatewayConfig
-from edge_agent.model import Family, Sample, Snapshot
 from edge_agent.tunnel import Tunnel
-from edge_agent.wire import Hello
+from gpurelay.model import Family, Sample, Snapshot
+from gpurelay.wire import Hello
 from tests.gateway_support import free_ports, gateway_config, make_pki
 
 FAMILY = Family(name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help="util")

@@ -2,7 +2,7 @@
 
 Setup: ``--count`` collections of one simulated 8-GPU node (processes attributed, the
 collector's real timer), each made into a spool record by the agent's
-:class:`edge_agent.record.RecordEncoder`, as an agent replays them after an outage. The
+:class:`gpurelay.record.RecordEncoder`, as an agent replays them after an outage. The
 gateway side runs in this process, warm (every stage has seen the node's series once):
 
 1. decode   ``RecordDecoder.decode`` (zlib inflate, JSON header, values, series checks)
@@ -43,8 +43,8 @@ from cloud_gateway.remote_write import (
     RemoteWriter,
     encode_requests,
 )
-from edge_agent.record import Record, RecordDecoder, RecordEncoder
-from edge_agent.wire import Ack, Frame, Hello, Replay
+from gpurelay.record import Record, RecordDecoder, RecordEncoder
+from gpurelay.wire import Ack, Frame, Hello, Replay
 from tests.agent_support import simulated_snapshots
 
 NODE = "edge-bench"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edge_agent.record import RecordEncoder
 from edge_agent.spool import Spool
+from gpurelay.record import RecordEncoder
 from tests.agent_support import simulated_snapshots
 from tests.fault_support import AgentProc, GatewayProc, Receiver, wait_until
 from tests.gateway_support import make_pki

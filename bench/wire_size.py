@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_agent.encode import SnapshotEncoder
-from edge_agent.model import Snapshot
-from edge_agent.wire import Batch, Declare, FrameDecoder, FrameEncoder, Hello
+from gpurelay.model import Snapshot
+from gpurelay.wire import Batch, Declare, FrameDecoder, FrameEncoder, Hello
 from tests.agent_support import simulated_snapshots
 
 SEED = 7

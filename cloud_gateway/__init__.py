@@ -1,5 +1,7 @@
-"""edge-gpu-relay cloud gateway (not built yet: see cloud_gateway.cli)."""
+"""edge-gpu-relay cloud gateway: SSH ingest, node registry, unified /metrics, proxy, API."""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from gpurelay.version import installed_version
+
+__version__ = installed_version()

@@ -35,9 +35,9 @@ from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.ssh_server import CertificatePolicy, SshServer
-from edge_agent.config import split_host_port
-from edge_agent.sdnotify import notify
-from edge_agent.wire import Limits
+from gpurelay.sdnotify import notify
+from gpurelay.settings import split_host_port
+from gpurelay.wire import Limits
 
 log = logging.getLogger("cloud_gateway")
 TICK_SECONDS = 1.0

@@ -11,7 +11,7 @@ from cloud_gateway import __version__
 from cloud_gateway.cli_certs import add_certs_parser, run_certs
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.nodes_cli import add_nodes_parser, run_nodes
-from edge_agent import logs
+from gpurelay import logs
 
 
 def _parser() -> argparse.ArgumentParser:

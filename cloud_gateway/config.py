@@ -14,9 +14,7 @@ from pathlib import Path
 
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.remote_write import RemoteWriteConfig
-from edge_agent.config import split_host_port
-from edge_agent.errors import ConfigError
-from edge_agent.tomlenv import SettingsError, load_settings
+from gpurelay.settings import SettingsError, load_settings, split_host_port
 
 ENV_PREFIX = "CLOUD_GATEWAY_"
 _RESERVED = frozenset({"CLOUD_GATEWAY_CONFIG", "CLOUD_GATEWAY_URL", "CLOUD_GATEWAY_TOKEN"})
@@ -137,7 +135,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         cfg = load_settings(GatewayConfig, path, env, prefix=ENV_PREFIX, reserved=_RESERVED)
         split_host_port(cfg.ssh.listen, "ssh.listen")
         split_host_port(cfg.http.listen, "http.listen")
-    except (SettingsError, ConfigError) as exc:
+    except SettingsError as exc:
         raise GatewayConfigError(str(exc)) from exc
     if cfg.registry.stale_after_intervals <= 0 or cfg.registry.offline_grace_seconds < 0:
         raise GatewayConfigError("registry.stale_after_intervals must be > 0, grace >= 0")

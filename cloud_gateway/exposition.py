@@ -10,7 +10,7 @@ per-node families ``gpurelay_node_up`` and ``gpurelay_node_last_seen_timestamp_s
 
 A body, its gzip and its OpenMetrics variant are each built at most once per generation
 and returned as the same ``bytes`` object to every scraper until something changes.
-OpenMetrics follows the agent's rule (:func:`edge_agent.exposition.openmetrics_header`):
+OpenMetrics follows the agent's rule (:func:`gpurelay.exposition.openmetrics_header`):
 dcgm counters without ``_total`` keep their names and are typed ``unknown``.
 
 Call :meth:`Exposition.body` on the thread that mutates the registry (the event loop).
@@ -27,14 +27,14 @@ import gzip as gzip_
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from edge_agent.bie import node_summary
-from edge_agent.exposition import (
+from gpurelay.bie import node_summary
+from gpurelay.exposition import (
     format_labels,
     format_value,
     openmetrics_header,
     text_header,
 )
-from edge_agent.model import Family, GpuInventory, Sample
+from gpurelay.model import Family, GpuInventory, Sample
 
 from .registry import Registry
 

@@ -36,7 +36,7 @@ from cloud_gateway.remote_write import (
     RemoteWriteUnavailable,
     Series,
 )
-from edge_agent.model import Labels
+from gpurelay.model import Labels
 
 MAX_SAMPLES_PER_SEND = 10_000  # coalesce collections up to this many samples per send
 RETRY_BACKOFF = (1.0, 30.0)  # seconds, after the writer's own retries are exhausted

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cloud_gateway import __version__
 from cloud_gateway.auth_policy import REASONS
 from cloud_gateway.exposition import FamilySamples
 from cloud_gateway.forwarding import ForwardStats
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import NodeState
 from cloud_gateway.remote_write import RemoteWriteStats
-from edge_agent import __version__
-from edge_agent.model import Family, MetricType, Sample
+from gpurelay.model import Family, MetricType, Sample
 
 
 def _family(name: str, kind: MetricType, help_text: str) -> Family:

@@ -23,7 +23,7 @@ from cloud_gateway.exposition import Exposition, bie_document
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
-from edge_agent.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATES = ("online", "stale", "offline")

@@ -38,9 +38,9 @@ from cloud_gateway.forwarding import (
 from cloud_gateway.registry import Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.ssh_server import node_log
-from edge_agent.model import Labels
-from edge_agent.record import Record, RecordDecoder
-from edge_agent.wire import Ack, Batch, Declare, Frame, Hello, Limits, Replay, WireError
+from gpurelay.model import Labels
+from gpurelay.record import Record, RecordDecoder
+from gpurelay.wire import Ack, Batch, Declare, Frame, Hello, Limits, Replay, WireError
 
 _MAX_KEYS: Final = 100_000  # remote write label sets remembered per session (replays)
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from cloud_gateway.seqranges import DEFAULT_MAX_RANGES, SeqRanges
-from edge_agent.exposition import format_labels, format_value
-from edge_agent.model import Family, GpuInventory, Labels
-from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+from gpurelay.exposition import format_labels, format_value
+from gpurelay.model import Family, GpuInventory, Labels
+from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 NodeState = Literal["online", "stale", "offline"]
 FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})

@@ -32,7 +32,9 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway.auth_policy import check_user_certificate, describe
 from cloud_gateway.endpoints import EndpointTable, PublishedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
-from edge_agent.wire import (
+from gpurelay.wire import (
+    READ_CHUNK,
+    SUBSYSTEM,
     ErrorFrame,
     Frame,
     FrameDecoder,
@@ -43,9 +45,6 @@ from edge_agent.wire import (
 )
 
 log = logging.getLogger(__name__)
-
-SUBSYSTEM = "gpurelay"
-READ_CHUNK = 65536
 
 
 def node_log(node: str) -> logging.Logger:

@@ -1,5 +1,7 @@
-"""edge-gpu-relay edge agent: NVML telemetry, container/pod attribution, local exposition."""
+"""edge-gpu-relay edge agent: NVML telemetry, container/pod attribution, spool and tunnel."""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from gpurelay.version import installed_version
+
+__version__ = installed_version()

@@ -35,11 +35,11 @@ from edge_agent.errors import AgentError, NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.outbox import Outbox
-from edge_agent.sdnotify import notify
 from edge_agent.spool import Spool, SpoolLimits
 from edge_agent.tunnel import Published, Tunnel
-from edge_agent.wire import Hello
 from edge_agent.xid import XidWatcher
+from gpurelay.sdnotify import notify
+from gpurelay.wire import Hello
 
 log = logging.getLogger("edge_agent")
 SPOOL_RECOVERY_SECONDS = 300.0  # a full-disk episode ends after this long without a failure

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edge_agent import __version__, logs
-from edge_agent.bie import collect_document
+from edge_agent import __version__
 from edge_agent.config import AgentConfig, load, resolve_node_name
 from edge_agent.errors import AgentError, ConfigError
-from edge_agent.exposition import render_text
-from edge_agent.model import Snapshot
+from gpurelay import logs
+from gpurelay.bie import collect_document
+from gpurelay.exposition import render_text
+from gpurelay.model import Snapshot
 
 
 def _parser() -> argparse.ArgumentParser:

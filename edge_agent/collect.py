@@ -15,7 +15,7 @@ from typing import Protocol
 from edge_agent import __version__
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
-from edge_agent.model import Family, GpuInventory, SampleSink, Snapshot
+from gpurelay.model import Family, GpuInventory, SampleSink, Snapshot
 
 log = logging.getLogger(__name__)
 

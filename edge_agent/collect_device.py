@@ -16,10 +16,10 @@ import pynvml
 
 from edge_agent.catalog import CounterSpec
 from edge_agent.fields import LABEL_SOURCES, NO_SOURCE_REASONS, SOURCES, FieldSource, Probe
-from edge_agent.model import Family, GpuInventory, Labels, SampleSink
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.devices import GpuDevice
 from edge_agent.xid import XidWatcher
+from gpurelay.model import Family, GpuInventory, Labels, SampleSink
 
 log = logging.getLogger(__name__)
 

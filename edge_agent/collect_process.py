@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import pynvml
 
 from edge_agent.attribute import Attribution
-from edge_agent.model import Family, Labels, SampleSink
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.devices import GpuDevice
+from gpurelay.model import Family, Labels, SampleSink
 
 log = logging.getLogger(__name__)
 _MIB = 1024 * 1024

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
-from edge_agent.tomlenv import SettingsError, load_settings
+from gpurelay.settings import SettingsError, load_settings
+from gpurelay.settings import split_host_port as host_port
 
 ENV_PREFIX = "EDGE_AGENT_"
 # Variables with this prefix that are not config keys.
@@ -144,10 +145,11 @@ class AgentConfig:
 
 
 def split_host_port(value: str, what: str = "listen address") -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} {value!r} must look like HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    """:func:`gpurelay.settings.split_host_port`, failing with the agent's ConfigError."""
+    try:
+        return host_port(value, what)
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def resolve_node_name(configured: str, environ: Mapping[str, str]) -> str:

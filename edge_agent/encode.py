@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import math
 
-from edge_agent.model import Family, Labels, Snapshot
-from edge_agent.wire import Batch, Declare, Frame, Limits, SeriesDecl, WireError, check_series
+from gpurelay.model import Family, Labels, Snapshot
+from gpurelay.wire import Batch, Declare, Frame, Limits, SeriesDecl, WireError, check_series
 
 log = logging.getLogger(__name__)
 

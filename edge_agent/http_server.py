@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from edge_agent.bie import collect_document
-from edge_agent.exposition import (
+from gpurelay.bie import collect_document
+from gpurelay.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     render_openmetrics,
     render_text,
     wants_openmetrics,
 )
-from edge_agent.model import Snapshot
+from gpurelay.model import Snapshot
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The outbox: sequence numbers, the spool, and what the tunnel sends next.
 
 Every collection gets the next sequence number and is committed to the spool (as an
-:mod:`edge_agent.record`) *before* the tunnel sends it; it leaves the spool when the gateway
+:mod:`gpurelay.record`) *before* the tunnel sends it; it leaves the spool when the gateway
 acknowledges that seq. Per connection, a :class:`Delivery` decides what goes out next:
 
 * the newest collection first, as a live BATCH (fresh data never waits behind a backlog);
@@ -25,9 +25,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from edge_agent.model import Snapshot
-from edge_agent.record import RecordEncoder
 from edge_agent.spool import Spool, SpooledBatch
+from gpurelay.model import Snapshot
+from gpurelay.record import RecordEncoder
 
 log = logging.getLogger(__name__)
 

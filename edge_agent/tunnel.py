@@ -3,7 +3,7 @@
 The agent is the SSH client. It verifies the gateway's host key against the configured
 known_hosts (an ``@cert-authority`` line for the fleet host CA, or a pinned key) and logs
 in as its node name with its node certificate. Telemetry rides one session channel
-(subsystem ``gpurelay``) as frames of :mod:`edge_agent.wire`.
+(subsystem ``gpurelay``) as frames of :mod:`gpurelay.wire`.
 
 Reconnects use exponential backoff with full jitter (tenacity); after an established
 session ends (gateway restart, GOODBYE) the first reconnect is also delayed by a random
@@ -28,10 +28,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponen
 from edge_agent.config import GatewayConfig
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
-from edge_agent.model import Family, SampleSink, Snapshot
 from edge_agent.outbox import Delivery, Outbox
 from edge_agent.spool import DROP_REASONS
-from edge_agent.wire import (
+from gpurelay.model import Family, SampleSink, Snapshot
+from gpurelay.wire import (
+    READ_CHUNK,
+    SUBSYSTEM,
     Ack,
     ErrorFrame,
     FrameDecoder,
@@ -43,9 +45,6 @@ from edge_agent.wire import (
 )
 
 log = logging.getLogger(__name__)
-
-SUBSYSTEM = "gpurelay"
-READ_CHUNK = 65536
 
 
 TUNNEL_FAMILIES = (

@@ -11,8 +11,8 @@ from pathlib import Path
 from edge_agent import simhost
 from edge_agent.app import Backend, Pipeline, build_pipeline
 from edge_agent.config import AgentConfig, load
-from edge_agent.model import Snapshot
 from edge_agent.nvml.simulator import SimulatedNvml
+from gpurelay.model import Snapshot
 
 FIXED_TIME = 1_790_000_000.0
 

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from edge_agent import http_server
-from edge_agent.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from tests.agent_support import make_pipeline
 from tests.gateway_support import free_ports
 from tests.promtool_support import unexpected_findings

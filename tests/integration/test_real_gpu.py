@@ -10,8 +10,8 @@ import pytest
 
 from edge_agent.app import Backend, build_pipeline
 from edge_agent.config import load
-from edge_agent.exposition import render_text
 from edge_agent.nvml.backend import open_real
+from gpurelay.exposition import render_text
 
 pytestmark = pytest.mark.gpu
 

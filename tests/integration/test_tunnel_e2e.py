@@ -14,8 +14,8 @@ import pytest
 
 from cloud_gateway import certs
 from cloud_gateway.nodes_cli import run_nodes
-from edge_agent.tunnel import SUBSYSTEM, Tunnel
-from edge_agent.wire import ErrorFrame, FrameDecoder
+from edge_agent.tunnel import Tunnel
+from gpurelay.wire import SUBSYSTEM, ErrorFrame, FrameDecoder
 from tests.agent_support import make_pipeline
 from tests.gateway_support import (
     TOKEN,
@@ -122,7 +122,7 @@ async def test_a_node_cannot_publish_as_another_node(tmp_path: Path) -> None:
             pipeline.close()
         assert any(("Hostname", "edge-node-1") in s.labels for s in snap.samples)
         cfg = agent_config(pki, "edge-a", gw, creds=creds_a)
-        from edge_agent.wire import Hello
+        from gpurelay.wire import Hello
 
         tunnel = Tunnel(
             cfg.gateway, node="edge-a", hello=lambda: Hello(agent_version="x", node="edge-node-1")

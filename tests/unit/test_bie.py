@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import json
 
-from edge_agent.bie import collect_document
-from edge_agent.model import GpuInventory
+from gpurelay.bie import collect_document
+from gpurelay.model import GpuInventory
 
 
 def _gpu(i: int, used: int, total: int) -> GpuInventory:

@@ -12,9 +12,9 @@ import pytest
 
 from edge_agent.catalog import parse_counters
 from edge_agent.config import load
-from edge_agent.model import Snapshot
 from edge_agent.nvml.backend import explain_init_failure
 from edge_agent.nvml.simulator import SimulatedNvml
+from gpurelay.model import Snapshot
 from tests.agent_support import make_pipeline
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from edge_agent.encode import SnapshotEncoder
-from edge_agent.model import Family, Labels, Sample, Snapshot
-from edge_agent.wire import (
+from gpurelay.model import Family, Labels, Sample, Snapshot
+from gpurelay.wire import (
     Batch,
     Declare,
     Frame,

@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import math
 
-from edge_agent.exposition import (
+from gpurelay.exposition import (
     format_value,
     render_openmetrics,
     render_text,
     wants_openmetrics,
 )
-from edge_agent.model import Family, Sample, Snapshot
+from gpurelay.model import Family, Sample, Snapshot
 
 
 def _snapshot() -> Snapshot:

@@ -13,9 +13,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from cloud_gateway.exposition import NODE_LAST_SEEN, NODE_UP, Exposition, bie_document
 from cloud_gateway.registry import Registry, RegistryConfig, stamp_node
-from edge_agent.exposition import format_labels, format_value, openmetrics_header, text_header
-from edge_agent.model import Family, Sample, Snapshot
-from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+from gpurelay.exposition import format_labels, format_value, openmetrics_header, text_header
+from gpurelay.model import Family, Sample, Snapshot
+from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 from tests.agent_support import make_pipeline
 from tests.promtool_support import unexpected_findings
 

@@ -14,8 +14,8 @@ from cloud_gateway.exposition import Exposition
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.registry import Registry
 from edge_agent.encode import SnapshotEncoder
-from edge_agent.record import RecordEncoder
-from edge_agent.wire import (
+from gpurelay.record import RecordEncoder
+from gpurelay.wire import (
     Batch,
     Declare,
     Frame,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from edge_agent.exposition import render_text
+from gpurelay.exposition import render_text
 from tests.agent_support import make_pipeline
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "metrics-seed7-2gpu-mig.prom"

@@ -13,9 +13,9 @@ import pytest
 from cloud_gateway.ingest import Ingest, NodeSession
 from cloud_gateway.registry import Registry
 from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter, Series
-from edge_agent.model import Family, Sample, Snapshot
-from edge_agent.record import RecordEncoder
-from edge_agent.wire import Ack, Batch, Declare, Frame, Hello, Replay, SeriesDecl, WireError
+from gpurelay.model import Family, Sample, Snapshot
+from gpurelay.record import RecordEncoder
+from gpurelay.wire import Ack, Batch, Declare, Frame, Hello, Replay, SeriesDecl, WireError
 from tests.unit.test_remote_write import decode_write_request
 
 URL = "http://receiver.test/api/v1/write"

@@ -6,10 +6,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from edge_agent.model import Family, Sample, Snapshot
 from edge_agent.outbox import Outbox
-from edge_agent.record import decode_record
 from edge_agent.spool import Spool
+from gpurelay.model import Family, Sample, Snapshot
+from gpurelay.record import decode_record
 
 NOW = time.time()
 

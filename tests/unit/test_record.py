@@ -9,9 +9,9 @@ import zlib
 
 import pytest
 
-from edge_agent.model import Family, Sample, Snapshot
-from edge_agent.record import MAGIC, RecordDecoder, RecordEncoder, decode_record
-from edge_agent.wire import Limits, WireError
+from gpurelay.model import Family, Sample, Snapshot
+from gpurelay.record import MAGIC, RecordDecoder, RecordEncoder, decode_record
+from gpurelay.wire import Limits, WireError
 from tests.agent_support import simulated_snapshots
 
 FAM = (Family(name="temp", type="gauge", help="t"),)

@@ -11,8 +11,8 @@ from cloud_gateway.registry import (
     StaleConnection,
     stamp_node,
 )
-from edge_agent.model import GpuInventory, Labels, MetricType
-from edge_agent.wire import Batch, Declare, Hello, SeriesDecl
+from gpurelay.model import GpuInventory, Labels, MetricType
+from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 T0 = 1_790_000_000.0
 

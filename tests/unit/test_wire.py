@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_agent.model import GpuInventory
-from edge_agent.wire import (
+from gpurelay.model import GpuInventory
+from gpurelay.wire import (
     PROTOCOL_VERSION,
     Ack,
     Batch,

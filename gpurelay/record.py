@@ -20,7 +20,7 @@ reuse what it derived from it).
 
 The encoder leaves out series the gateway would refuse (the same checks as a DECLARE),
 so one bad series never makes a whole record unsendable; the decoder enforces those checks
-and raises :class:`~edge_agent.wire.WireError` (code ``malformed`` and friends) for anything
+and raises :class:`~gpurelay.wire.WireError` (code ``malformed`` and friends) for anything
 else, so a damaged or hostile record closes only its connection.
 """
 
@@ -32,8 +32,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-from edge_agent.model import Labels, Snapshot
-from edge_agent.wire import Limits, SeriesDecl, WireError, check_series
+from gpurelay.model import Labels, Snapshot
+from gpurelay.wire import Limits, SeriesDecl, WireError, check_series
 
 MAGIC: Final = b"GR1"
 MAX_RECORD_BYTES: Final = 64 * 1024 * 1024  # inflated body, whatever the frame limit

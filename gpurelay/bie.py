@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from edge_agent.model import GpuInventory
+from gpurelay.model import GpuInventory
 
 
 def _fraction(used: float, total: float) -> float:

@@ -143,3 +143,12 @@ def _parse_bool(value: str, key: str) -> bool:
     if lowered in {"0", "false", "no", "off", ""}:
         return False
     raise SettingsError(f"{key} must be a boolean (true/false), got {value!r}")
+
+
+def split_host_port(value: str, what: str = "listen address") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too; an empty host means every address) as a pair;
+    :class:`SettingsError` naming ``what`` otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"{what} {value!r} must look like HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)

@@ -1,0 +1,222 @@
+"""Bytes to frames for one direction of one connection (the gateway's hot path)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from gpurelay.wire.frames import (
+    COMPRESSED,
+    DEFAULT_LIMITS,
+    KNOWN_TYPES,
+    LENGTH,
+    MAX_SEQ,
+    MAX_TIMESTAMP_MS,
+    PROTOCOL_VERSION,
+    SYNC_TAIL,
+    WINDOW_BITS,
+    Batch,
+    Frame,
+    FrameType,
+    Limits,
+    Replay,
+    WireError,
+)
+from gpurelay.wire.payloads import parse_ack, parse_declare, parse_error, parse_goodbye, parse_hello
+from gpurelay.wire.session import Session
+from gpurelay.wire.values import F64, FLOAT64, KIND_BITS, KIND_MASK, decode_value
+from gpurelay.wire.varint import unzz, uvarint
+
+
+class FrameDecoder:
+    """Bytes to frames for one direction of one connection.
+
+    :meth:`feed` accepts any chunking of the stream. Anything invalid raises
+    :class:`WireError` (and nothing else); after that the decoder refuses further input.
+    """
+
+    def __init__(self, *, limits: Limits = DEFAULT_LIMITS) -> None:
+        self._limits = limits
+        self._session = Session(limits)
+        self._buf = bytearray()
+        self._inflater: zlib._Decompress | None = None
+        self._failed: WireError | None = None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Buffer ``data``; return the frames it completes, in order."""
+        if self._failed is not None:
+            raise WireError(self._failed.code, f"the decoder already failed: {self._failed}")
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        try:
+            while len(buf) - pos >= 4:
+                length = self._header(buf, pos)
+                end = pos + 4 + length
+                if len(buf) < end:
+                    break
+                ftype = KNOWN_TYPES[buf[pos + 5]]
+                payload = bytes(buf[pos + 6 : end])
+                pos = end
+                frames.append(self._frame(ftype, payload))
+        except WireError as exc:
+            self._failed = exc
+            buf.clear()
+            raise
+        del buf[:pos]
+        return frames
+
+    def _header(self, buf: bytearray, pos: int) -> int:
+        (length,) = LENGTH.unpack_from(buf, pos)
+        limit = self._limits.max_frame_bytes
+        if length > limit:
+            raise WireError(
+                "oversize",
+                f"frame of {length} bytes exceeds the limit of {limit} bytes "
+                "(or the peer does not speak this protocol)",
+            )
+        if length < 2:
+            raise WireError("malformed", f"frame length {length} is shorter than its 2-byte header")
+        have = len(buf) - pos
+        if have > 4 and buf[pos + 4] != PROTOCOL_VERSION:
+            raise WireError(
+                "version",
+                f"frame protocol version {buf[pos + 4]} is not supported: "
+                f"this end speaks version {PROTOCOL_VERSION}",
+            )
+        if have > 5 and buf[pos + 5] not in KNOWN_TYPES:
+            known = ", ".join(f"{t.value} {t.name}" for t in FrameType)
+            raise WireError("frame_type", f"unknown frame type {buf[pos + 5]} (known: {known})")
+        return int(length)
+
+    def _frame(self, ftype: FrameType, payload: bytes) -> Frame:
+        what = ftype.name
+        try:
+            body = self._inflate(payload, what) if ftype in COMPRESSED else payload
+            s = self._session
+            if ftype is FrameType.BATCH:
+                return self._batch(body)
+            if ftype is FrameType.DECLARE:
+                declare = parse_declare(body)
+                s.check_declare(declare.series)
+                s.apply_declare(declare.series)
+                return declare
+            if ftype is FrameType.HELLO:
+                s.check_hello()
+                hello = parse_hello(body)
+                s.greet()
+                return hello
+            if ftype is FrameType.REPLAY:
+                s.check_greeted("REPLAY")
+                seq, pos = uvarint(body, 0)
+                if seq > MAX_SEQ:
+                    raise WireError("malformed", f"REPLAY seq {seq} is not in 0..2**63-1")
+                return Replay(seq=seq, record=body[pos:])
+            if ftype is FrameType.ACK:
+                return parse_ack(body)
+            if ftype is FrameType.ERROR:
+                return parse_error(body)
+            return parse_goodbye(body)
+        except (IndexError, struct.error) as exc:
+            raise WireError("malformed", f"{what} frame ends in the middle of a field") from exc
+        except zlib.error as exc:
+            raise WireError("malformed", f"{what} frame is not valid deflate data ({exc})") from exc
+        except (ValueError, ArithmeticError, RecursionError, TypeError) as exc:
+            raise WireError("malformed", f"{what} frame is malformed ({exc!r})") from exc
+
+    def _inflate(self, payload: bytes, what: str) -> bytes:
+        if self._inflater is None:
+            self._inflater = zlib.decompressobj(-WINDOW_BITS)
+        inflater, limit = self._inflater, self._limits.max_frame_bytes
+        body = inflater.decompress(payload + SYNC_TAIL, limit + 1)
+        if len(body) > limit or inflater.unconsumed_tail:
+            raise WireError("oversize", f"{what} frame inflates to more than {limit} bytes")
+        if inflater.eof:
+            raise WireError("malformed", f"{what} frame closed the connection's deflate stream")
+        return body
+
+    def _batch(self, body: bytes) -> Batch:
+        s = self._session
+        s.check_greeted("BATCH")
+        flags = body[0]
+        if flags > 1:
+            raise WireError("malformed", f"BATCH flags {flags:#x} are not known")
+        u, pos = uvarint(body, 1)
+        seq = (s.seq or 0) + unzz(u)
+        if not 0 <= seq <= MAX_SEQ:
+            raise WireError("malformed", f"BATCH seq {seq} is not in 0..2**63-1")
+        s.check_seq(seq)
+        u, pos = uvarint(body, pos)
+        ts_ms = s.ts_ms + unzz(u)
+        if abs(ts_ms) >= MAX_TIMESTAMP_MS:
+            raise WireError("malformed", f"BATCH seq {seq} timestamp {ts_ms} ms is out of range")
+        removed, pos = read_removed(body, pos, s, seq)
+        values, pos = read_values(body, pos, s, seq)
+        if pos != len(body):
+            raise WireError("malformed", f"BATCH seq {seq} has {len(body) - pos} bytes left over")
+        if flags:
+            s.check_full(seq, len(values), len(s.last))
+        s.seq, s.ts_ms = seq, ts_ms
+        return Batch(
+            seq=seq,
+            timestamp=ts_ms / 1000,
+            values=tuple(values),
+            removed=tuple(removed),
+            full=bool(flags),
+        )
+
+
+def read_count(body: bytes, pos: int, seq: int, what: str) -> tuple[int, int]:
+    count, pos = uvarint(body, pos)
+    if count > len(body) - pos:  # every entry takes at least one byte
+        raise WireError("malformed", f"BATCH seq {seq} claims {count} {what}, more than fit")
+    return count, pos
+
+
+def read_removed(body: bytes, pos: int, s: Session, seq: int) -> tuple[list[int], int]:
+    count, pos = read_count(body, pos, seq, "removals")
+    removed: list[int] = []
+    sid = -1
+    for _ in range(count):
+        u, pos = uvarint(body, pos)
+        sid += u + 1
+        if sid not in s.last:
+            raise s.unknown(sid, seq)
+        removed.append(sid)
+    for sid in removed:
+        s.remove(sid)
+    return removed, pos
+
+
+def read_values(body: bytes, pos: int, s: Session, seq: int) -> tuple[list[tuple[int, float]], int]:
+    """The head column, then the value column; the hot loop of the gateway."""
+    count, pos = read_count(body, pos, seq, "values")
+    last = s.last
+    heads: list[tuple[int, int]] = []
+    sid = -1
+    for _ in range(count):
+        u = body[pos]
+        if u < 0x80:
+            pos += 1
+        else:
+            u, pos = uvarint(body, pos)
+        sid += (u >> KIND_BITS) + 1
+        if sid not in last:
+            raise s.unknown(sid, seq)
+        heads.append((sid, u & KIND_MASK))
+    values: list[tuple[int, float]] = []
+    for sid, kind in heads:
+        if kind == FLOAT64:
+            (v,) = F64.unpack_from(body, pos)
+            pos += 8
+        else:
+            u = body[pos]
+            if u < 0x80:
+                pos += 1
+            else:
+                u, pos = uvarint(body, pos)
+            v = decode_value(kind, (u >> 1) ^ -(u & 1), last[sid], sid)
+        last[sid] = v
+        values.append((sid, v))
+    return values, pos

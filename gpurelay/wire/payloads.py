@@ -1,0 +1,231 @@
+"""The JSON payloads (HELLO, DECLARE, ERROR, GOODBYE) and ACK: strict parsing, one place.
+
+Every miss is a :class:`~gpurelay.wire.frames.WireError` with code ``malformed``."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields
+from typing import Any, NoReturn
+
+from gpurelay.model import GpuInventory
+from gpurelay.wire.frames import (
+    MAX_SEQ,
+    Ack,
+    Declare,
+    ErrorFrame,
+    Goodbye,
+    Hello,
+    SeriesDecl,
+    WireError,
+)
+from gpurelay.wire.rules import show, utf8_size
+from gpurelay.wire.varint import uvarint
+
+
+def dump_json(obj: object) -> bytes:
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise WireError("malformed", "a JSON object in the frame repeats a key")
+    return obj
+
+
+def no_constant(name: str) -> NoReturn:
+    raise WireError("malformed", f"{name} is not allowed in a frame's JSON")
+
+
+def load_json(body: bytes, what: str) -> object:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError("malformed", f"{what} payload is not UTF-8 ({exc.reason})") from exc
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise WireError("malformed", f"{what} payload is not valid JSON ({exc})") from exc
+
+
+class JsonObject:
+    """Strict, typed access to one JSON object of a frame; every miss is ``malformed``."""
+
+    def __init__(self, value: object, where: str) -> None:
+        if not isinstance(value, dict):
+            raise WireError("malformed", f"{where} is not a JSON object")
+        self._d: dict[str, Any] = value
+        self._where = where
+        self._seen: set[str] = set()
+
+    def _get(self, key: str, required: bool) -> Any:
+        self._seen.add(key)
+        if key not in self._d and required:
+            raise WireError("malformed", f"{self._where} lacks the field {key!r}")
+        return self._d.get(key)
+
+    def _bad(self, key: str, what: str) -> WireError:
+        return WireError("malformed", f"{self._where}: field {key!r} must be {what}")
+
+    def text(self, key: str, default: str | None = None) -> str:
+        value = self._get(key, default is None)
+        if value is None and default is not None:
+            return default
+        if not isinstance(value, str):
+            raise self._bad(key, "a string")
+        utf8_size(value, "malformed", f"{self._where}: field {key!r}")
+        return value
+
+    def count(self, key: str) -> int:
+        value = self._get(key, True)
+        if type(value) is not int or value < 0:
+            raise self._bad(key, "a non-negative integer")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self._get(key, False)
+        if value is None:
+            return default
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise self._bad(key, "a finite number")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._get(key, False)
+        if value is None:
+            return default
+        if type(value) is not bool:
+            raise self._bad(key, "true or false")
+        return value
+
+    def array(self, key: str, required: bool = True) -> list[Any]:
+        value = self._get(key, required)
+        if value is None and not required:
+            return []
+        if not isinstance(value, list):
+            raise self._bad(key, "a list")
+        return value
+
+    def done(self) -> None:
+        unknown = sorted(set(self._d) - self._seen)
+        if unknown:
+            raise WireError("malformed", f"{self._where} has unknown field(s) {unknown}")
+
+
+def hello_json(hello: Hello) -> dict[str, Any]:
+    return {
+        "agent_version": hello.agent_version,
+        "node": hello.node,
+        "domain": hello.domain,
+        "backend": hello.backend,
+        "driver_version": hello.driver_version,
+        "hostname": hello.hostname,
+        "interval_seconds": hello.interval_seconds,
+        "gpus": [
+            {f.name: getattr(gpu, f.name) for f in fields(GpuInventory)} for gpu in hello.gpus
+        ],
+    }
+
+
+def parse_gpu(value: object, i: int) -> GpuInventory:
+    o = JsonObject(value, f"HELLO gpus[{i}]")
+    gpu = GpuInventory(
+        index=o.count("index"),
+        uuid=o.text("uuid"),
+        name=o.text("name"),
+        pci_bus_id=o.text("pci_bus_id"),
+        minor=o.count("minor"),
+        memory_total_bytes=o.count("memory_total_bytes"),
+        memory_used_bytes=o.count("memory_used_bytes"),
+        mig_enabled=o.flag("mig_enabled", False),
+        healthy=o.flag("healthy", True),
+    )
+    o.done()
+    return gpu
+
+
+def parse_hello(body: bytes) -> Hello:
+    o = JsonObject(load_json(body, "HELLO"), "HELLO")
+    hello = Hello(
+        agent_version=o.text("agent_version"),
+        node=o.text("node"),
+        domain=o.text("domain", ""),
+        backend=o.text("backend", ""),
+        driver_version=o.text("driver_version", ""),
+        hostname=o.text("hostname", ""),
+        interval_seconds=o.number("interval_seconds", 10.0),
+        gpus=tuple(parse_gpu(g, i) for i, g in enumerate(o.array("gpus", required=False))),
+    )
+    o.done()
+    if hello.interval_seconds <= 0:
+        raise WireError("malformed", "HELLO: field 'interval_seconds' must be positive")
+    return hello
+
+
+def declare_json(declare: Declare) -> dict[str, Any]:
+    return {
+        "series": [
+            {
+                "id": d.id,
+                "name": d.name,
+                "type": d.type,
+                "help": d.help,
+                "labels": [list(pair) for pair in d.labels],
+            }
+            for d in declare.series
+        ]
+    }
+
+
+def parse_decl(value: object, i: int) -> SeriesDecl:
+    o = JsonObject(value, f"DECLARE series[{i}]")
+    labels: list[tuple[str, str]] = []
+    for pair in o.array("labels"):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise WireError("malformed", f"DECLARE series[{i}]: label {show(pair)} is not a pair")
+        labels.append((pair[0], pair[1]))
+    decl = SeriesDecl(
+        id=o.count("id"),
+        name=o.text("name"),
+        type=o.text("type"),  # type: ignore[arg-type]  # checked by check_series
+        help=o.text("help"),
+        labels=tuple(labels),
+    )
+    o.done()
+    return decl
+
+
+def parse_declare(body: bytes) -> Declare:
+    o = JsonObject(load_json(body, "DECLARE"), "DECLARE")
+    items = o.array("series")
+    o.done()
+    return Declare(series=tuple(parse_decl(item, i) for i, item in enumerate(items)))
+
+
+def parse_error(body: bytes) -> ErrorFrame:
+    o = JsonObject(load_json(body, "ERROR"), "ERROR")
+    frame = ErrorFrame(code=o.text("code"), message=o.text("message"))
+    o.done()
+    return frame
+
+
+def parse_goodbye(body: bytes) -> Goodbye:
+    o = JsonObject(load_json(body, "GOODBYE"), "GOODBYE")
+    frame = Goodbye(reason=o.text("reason"))
+    o.done()
+    return frame
+
+
+def parse_ack(body: bytes) -> Ack:
+    seq, end = uvarint(body, 0)
+    if end != len(body) or seq > MAX_SEQ:
+        raise WireError("malformed", "ACK payload is not one sequence number")
+    return Ack(seq=seq)
+
+
+def check_text(value: object, what: str) -> None:
+    if not isinstance(value, str):
+        raise WireError("malformed", f"{what} is not a string")

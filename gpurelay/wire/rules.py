@@ -1,0 +1,113 @@
+"""The naming and size rules a declared series must meet, on both ends (written once).
+
+The agent's encoder refuses what breaks them, the gateway's decoder rejects it, the
+record codec leaves such series out; the gateway adds only its own policy (reserved
+prefixes) on top."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from gpurelay.model import Labels
+from gpurelay.wire.frames import MAX_SERIES_ID, Limits, SeriesDecl, WireError
+
+METRIC_NAME: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+# --- validation shared by both ends ------------------------------------------------------
+
+
+def show(text: object, limit: int = 60) -> str:
+    """A peer-supplied value, quoted and shortened, for an error message."""
+    if isinstance(text, str) and len(text) > limit:
+        return repr(text[:limit] + "...")
+    return repr(text)
+
+
+def utf8_size(text: str, code: str, what: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise WireError(code, f"{what} is not valid Unicode text ({exc.reason})") from exc
+
+
+def check_series(decl: SeriesDecl, limits: Limits) -> None:
+    """Raise :class:`WireError` unless ``decl`` is a declaration the gateway will accept."""
+    sid = decl.id
+    if type(sid) is not int or not 0 <= sid <= MAX_SERIES_ID:
+        raise WireError(
+            "malformed", f"series id {show(sid)} is not an integer in 0..{MAX_SERIES_ID}"
+        )
+    name = decl.name
+    if not isinstance(name, str) or METRIC_NAME.fullmatch(name) is None:
+        raise WireError(
+            "bad_name",
+            f"series {sid}: metric name {show(name)} is not valid "
+            "(it must match [a-zA-Z_:][a-zA-Z0-9_:]*)",
+        )
+    if len(name) > limits.max_name_bytes:
+        raise WireError(
+            "bad_name",
+            f"series {sid}: metric name {show(name)} is {len(name)} bytes long, "
+            f"more than the limit of {limits.max_name_bytes}",
+        )
+    if decl.type not in ("gauge", "counter"):
+        raise WireError(
+            "malformed", f"series {sid} ({name}): type {show(decl.type)} is not gauge or counter"
+        )
+    if not isinstance(decl.help, str):
+        raise WireError("malformed", f"series {sid} ({name}): help is not a string")
+    size = utf8_size(decl.help, "malformed", f"series {sid} ({name}): help")
+    if size > limits.max_help_bytes:
+        raise WireError(
+            "malformed",
+            f"series {sid} ({name}): help is {size} bytes long, "
+            f"more than the limit of {limits.max_help_bytes}",
+        )
+    check_labels(sid, name, decl.labels, limits)
+
+
+def check_labels(sid: int, name: str, labels: Labels, limits: Limits) -> None:
+    where = f"series {sid} ({name})"
+    if not isinstance(labels, tuple):
+        raise WireError("malformed", f"{where}: labels are not a sequence of (name, value) pairs")
+    if len(labels) > limits.max_labels:
+        raise WireError(
+            "too_many_labels",
+            f"{where} has {len(labels)} labels, more than the limit of {limits.max_labels}",
+        )
+    seen: set[str] = set()
+    for pair in labels:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise WireError("malformed", f"{where}: label {show(pair)} is not a (name, value) pair")
+        label, value = pair
+        if (
+            not isinstance(label, str)
+            or LABEL_NAME.fullmatch(label) is None
+            or label.startswith("__")
+        ):
+            raise WireError(
+                "bad_label",
+                f"{where}: label name {show(label)} is not valid (it must match "
+                "[a-zA-Z_][a-zA-Z0-9_]* and not start with __, which Prometheus reserves)",
+            )
+        if len(label) > limits.max_name_bytes:
+            raise WireError(
+                "bad_label",
+                f"{where}: label name {show(label)} is {len(label)} bytes long, "
+                f"more than the limit of {limits.max_name_bytes}",
+            )
+        if label in seen:
+            raise WireError("bad_label", f"{where}: label {label} is given twice")
+        seen.add(label)
+        if not isinstance(value, str):
+            raise WireError("bad_label", f"{where}: the value of label {label} is not a string")
+        size = utf8_size(value, "bad_label", f"{where}: the value of label {label}")
+        if size > limits.max_label_value_bytes:
+            raise WireError(
+                "bad_label",
+                f"{where}: the value of label {label} is {size} bytes long, "
+                f"more than the limit of {limits.max_label_value_bytes}",
+            )
