@@ -4,13 +4,15 @@ The text format wants every family in one group, so the body is family-major: fo
 family (sorted by name, so the body does not depend on which node connected first) its
 ``# HELP``/``# TYPE`` header once, then the cached block of every node that has the
 family (nodes sorted by name). Building a body is a join of cached bytes; only blocks a
-batch touched are re-rendered (see :mod:`cloud_gateway.registry`). Then come the
+batch touched are re-rendered (see :mod:`cloud_gateway.registry`). The lines inside those
+blocks are made by :data:`TEXT_LINES`, this stage's :class:`~cloud_gateway.registry.LineFormat`:
+the registry stores them, this module decides what they look like. Then come the
 per-node families ``gpurelay_node_up`` and ``gpurelay_node_last_seen_timestamp_seconds``
 (which outlive a node's expired device series) and the gateway's own families.
 
 A body, its gzip and its OpenMetrics variant are each built at most once per generation
 and returned as the same ``bytes`` object to every scraper until something changes.
-OpenMetrics follows the agent's rule (:func:`gpurelay.exposition.openmetrics_header`):
+OpenMetrics follows the shared rule (:func:`gpurelay.exposition.openmetrics_header`):
 dcgm counters without ``_total`` keep their names and are typed ``unknown``.
 
 Call :meth:`Exposition.body` on the thread that mutates the registry (the event loop).
@@ -25,7 +27,7 @@ import asyncio
 import dataclasses
 import gzip as gzip_
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gpurelay.bie import node_summary
 from gpurelay.exposition import (
@@ -34,11 +36,10 @@ from gpurelay.exposition import (
     openmetrics_header,
     text_header,
 )
-from gpurelay.model import Family, GpuInventory, Sample
+from gpurelay.model import MIB, Family, GpuInventory, Labels, Sample
 
-from .registry import Registry
-
-MIB = 1024 * 1024
+if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
+    from cloud_gateway.registry import Registry
 NODE_UP = Family(
     name="gpurelay_node_up",
     type="gauge",
@@ -50,6 +51,20 @@ NODE_LAST_SEEN = Family(
     help="Unix time the gateway last heard from the node (connect or batch).",
 )
 FamilySamples = tuple[Family, Sequence[Sample]]
+
+
+class TextLines:
+    """Series lines of the text format (the same bytes in OpenMetrics): the prefix
+    ``NAME{labels} `` made once per series, then the value and a newline."""
+
+    def prefix(self, name: str, labels: Labels) -> bytes:
+        return f"{name}{format_labels(labels)} ".encode()
+
+    def value(self, value: float) -> bytes:
+        return format_value(value).encode() + b"\n"
+
+
+TEXT_LINES: Final = TextLines()
 
 
 def header(family: Family, *, openmetrics: bool) -> bytes:

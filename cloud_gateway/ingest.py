@@ -5,42 +5,29 @@ name is the authenticated certificate principal given by the SSH layer, never wh
 agent says about itself. Two connections for one node: the newer wins, the older is
 closed and logged.
 
-Delivery (one ACK per seq, sent once the seq is safely taken):
-
-- remote write off: a BATCH is applied and acknowledged at once; a REPLAY (an older,
-  spooled collection) is decoded (so a malformed record closes the connection), marked
-  delivered and acknowledged; it never changes the exposed values.
-- remote write on: a BATCH is applied at once (so /metrics stays fresh) and the node's
-  full state goes to its :class:`~cloud_gateway.forwarding.Forwarder`; a REPLAY's record
-  goes there too. Both are acknowledged when the receiver took them (see forwarding).
-
-A seq delivered before (or waiting in the forwarder) is a duplicate: counted, and
-acknowledged at once (or when the waiting one is delivered).
+A BATCH is applied to the registry at once (so /metrics stays fresh); a REPLAY (an older,
+spooled collection) is decoded, so a malformed record closes the connection, and never
+changes the exposed values. Each goes through :mod:`cloud_gateway.delivery` once, which
+says whether its seq is a duplicate and when it is acknowledged (at once, or once remote
+write took it); ingest only sends the ACKs it is given.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Final
 
-from cloud_gateway.forwarding import (
-    MAX_SAMPLES_PER_SEND,
-    RETRY_BACKOFF,
-    Collection,
-    Forwarder,
-    ForwardStats,
-)
-from cloud_gateway.registry import Registry, StaleConnection, stamp_node
+from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
+from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collection
+from cloud_gateway.registry import Applied, Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.ssh_server import node_log
 from gpurelay.model import Labels
 from gpurelay.record import Record, RecordDecoder
-from gpurelay.wire import Ack, Batch, Declare, Frame, Hello, Limits, Replay, WireError
+from gpurelay.wire import Batch, Declare, Frame, Hello, Limits, Replay, WireError
 
 _MAX_KEYS: Final = 100_000  # remote write label sets remembered per session (replays)
 
@@ -78,14 +65,17 @@ class Ingest:
         self.clock = clock
         self.on_change = on_change
         self.limits = limits or Limits()
-        self.remote_write = remote_write
-        self.max_queued_batches = max_queued_batches
-        self.max_samples_per_send = max_samples_per_send
-        self.retry_backoff = retry_backoff
+        self.delivery = Delivery(
+            DeliverySettings(
+                max_queued_batches=max_queued_batches,
+                max_samples_per_send=max_samples_per_send,
+                retry_backoff=retry_backoff,
+            ),
+            remote_write=remote_write,
+        )
+        self.forward_stats = self.delivery.forward_stats
         self.stats = IngestStats()
-        self.forward_stats = ForwardStats()
         self._closers: dict[int, Callable[[str], None]] = {}
-        self._forwarders: set[Forwarder] = set()
 
     def open_session(
         self,
@@ -103,13 +93,8 @@ class Ingest:
             closer(reason)
 
     async def aclose(self) -> None:
-        """Stop every forwarder (before the remote writer closes); what they held stays
-        unacknowledged, so the agents send it again."""
-        tasks = [t for f in list(self._forwarders) if (t := f.close()) is not None]
-        self._forwarders.clear()
-        for task in tasks:
-            with suppress(asyncio.CancelledError):
-                await task
+        """Stop forwarding (before the remote writer closes); see :meth:`Delivery.aclose`."""
+        await self.delivery.aclose()
 
 
 class NodeSession:
@@ -133,30 +118,19 @@ class NodeSession:
         self._keys: dict[tuple[str, Labels], Labels | None] = {}  # replayed series -> key
         self._replay_series: tuple[tuple[str, Labels], ...] = ()  # the last record's series
         self._replay_keys: list[Labels | None] = []  # and their keys
-        self._forwarder: Forwarder | None = None
-        if ingest.remote_write is not None:
-            self._forwarder = Forwarder(
-                ingest.remote_write,
-                log=self.log,
-                delivered=self._delivered,
-                failed=close,
-                stats=ingest.forward_stats,
-                max_queued=ingest.max_queued_batches,
-                max_samples_per_send=ingest.max_samples_per_send,
-                backoff=ingest.retry_backoff,
-            )
-            ingest._forwarders.add(self._forwarder)
+        self._delivery: NodeDelivery = ingest.delivery.open(
+            node, log=self.log, send=send, failed=close
+        )
 
     @property
     def queued(self) -> int:
         """Collections waiting for remote write."""
-        return 0 if self._forwarder is None else len(self._forwarder)
+        return self._delivery.queued
 
     async def flow(self) -> None:
         """Return once this session can take more frames (its remote write queue is
         within bounds, or the session closed)."""
-        if self._forwarder is not None:
-            await self._forwarder.room()
+        await self._delivery.room()
 
     def received(self, nbytes: int) -> None:
         self._pending_bytes += nbytes
@@ -228,91 +202,82 @@ class NodeSession:
     def _batch(self, batch: Batch) -> Sequence[Frame]:
         ingest = self._ingest
         started = time.perf_counter()
-        try:
-            applied = ingest.registry.apply(
-                self.node,
-                self._current(),
-                batch,
-                now=ingest.clock(),
-                size_bytes=self._pending_bytes,
+        conn_id = self._current()
+
+        def apply(duplicate: bool) -> None:
+            applied = self._registry_call(
+                lambda: ingest.registry.apply(
+                    self.node,
+                    conn_id,
+                    batch,
+                    now=ingest.clock(),
+                    size_bytes=self._pending_bytes,
+                    duplicate=duplicate,
+                )
             )
-            self._pending_bytes = 0
-        except StaleConnection as exc:
-            self._close("replaced by a newer connection")
-            raise WireError("order", "this connection was replaced by a newer one") from exc
-        stats = ingest.stats
-        stats.batches += 1
-        if applied.unknown:
-            stats.unknown_values += applied.unknown
-        replies = self._deliver(
-            applied.seq,
-            applied.duplicate,
-            lambda: Collection(
+            if applied.unknown:
+                ingest.stats.unknown_values += applied.unknown
+
+        taken = self._delivery.take(
+            batch.seq,
+            apply=apply,
+            collection=lambda: Collection(
                 seq=batch.seq,
                 timestamp_ms=round(batch.timestamp * 1000),
                 samples=ingest.registry.samples(self.node),
                 replayed=False,
             ),
         )
+        stats = ingest.stats
+        stats.batches += 1
+        stats.duplicates += taken.duplicate
         stats.batch_seconds += time.perf_counter() - started
         ingest.on_change()
-        return replies
+        return taken.acks
+
+    def _registry_call(self, call: Callable[[], Applied]) -> Applied:
+        """A registry update for this connection; a replaced connection is closed."""
+        try:
+            applied = call()
+        except StaleConnection as exc:
+            self._close("replaced by a newer connection")
+            raise WireError("order", "this connection was replaced by a newer one") from exc
+        self._pending_bytes = 0
+        return applied
 
     def _replay(self, replay: Replay) -> Sequence[Frame]:
         ingest = self._ingest
         started = time.perf_counter()
         conn_id = self._current()
         record = self._records.decode(replay.record)  # WireError if malformed
-        in_flight = self._forwarder is not None and replay.seq in self._forwarder
-        try:
-            applied = ingest.registry.replay(
-                self.node,
-                conn_id,
-                replay.seq,
-                now=ingest.clock(),
-                size_bytes=self._pending_bytes,
-                in_flight=in_flight,
+
+        def apply(duplicate: bool) -> None:
+            self._registry_call(
+                lambda: ingest.registry.replay(
+                    self.node,
+                    conn_id,
+                    replay.seq,
+                    now=ingest.clock(),
+                    size_bytes=self._pending_bytes,
+                    duplicate=duplicate,
+                )
             )
-            self._pending_bytes = 0
-        except StaleConnection as exc:
-            self._close("replaced by a newer connection")
-            raise WireError("order", "this connection was replaced by a newer one") from exc
+
+        taken = self._delivery.take(
+            replay.seq,
+            apply=apply,
+            collection=lambda: Collection(
+                seq=replay.seq,
+                timestamp_ms=record.timestamp_ms,
+                samples=self._replayed_samples(record),
+                replayed=True,
+            ),
+        )
         ingest.stats.replays += 1
-        if in_flight:
-            ingest.stats.duplicates += 1
-            replies: Sequence[Frame] = ()  # acknowledged when the waiting one is delivered
-        else:
-            replies = self._deliver(
-                replay.seq,
-                applied.duplicate,
-                lambda: Collection(
-                    seq=replay.seq,
-                    timestamp_ms=record.timestamp_ms,
-                    samples=self._replayed_samples(record),
-                    replayed=True,
-                ),
-            )
+        ingest.stats.duplicates += taken.duplicate
         ingest.stats.replay_seconds += time.perf_counter() - started
         ingest.on_change()
-        return replies
-
-    def _deliver(
-        self, seq: int, duplicate: bool, collection: Callable[[], Collection]
-    ) -> Sequence[Frame]:
-        """Acknowledge now (no remote write, or a duplicate), or queue for remote write."""
-        if duplicate:
-            self._ingest.stats.duplicates += 1
-            return (Ack(seq=seq),)
-        if self._forwarder is None:
-            self._ingest.registry.mark_delivered(self.node, seq)
-            return (Ack(seq=seq),)
-        self._forwarder.put(collection())
-        return ()
-
-    def _delivered(self, seq: int) -> None:
-        """The forwarder is done with ``seq``: mark it and send its ACK."""
-        self._ingest.registry.mark_delivered(self.node, seq)
-        self._send(Ack(seq=seq))
+        return taken.acks
 
     def _replayed_samples(self, record: Record) -> list[tuple[Labels, float]]:
         """A record's samples with the remote write key of each series: its name, its
@@ -339,7 +304,7 @@ class NodeSession:
         ]
 
     def _key(self, name: str, labels: Labels) -> Labels | None:
-        reason = self._ingest.registry.refuses(name, labels)
+        reason = self._ingest.registry.refuses(name)
         if reason is not None:
             self._ingest.stats.rejected_series[reason] += 1
             self.log.warning("replayed series %s left out: %s", name, reason)
@@ -348,9 +313,7 @@ class NodeSession:
 
     def closed(self, reason: str) -> None:
         ingest = self._ingest
-        if self._forwarder is not None:
-            self._forwarder.close()
-            ingest._forwarders.discard(self._forwarder)
+        self._delivery.close()
         if self.conn_id is None:
             return
         ingest._closers.pop(self.conn_id, None)

@@ -3,42 +3,51 @@
 Pure: no sockets, no clocks (every method that needs the time takes ``now``), no logging.
 The SSH server calls it as frames arrive; the exposition and the HTTP API read it.
 
-Parsing, validation, node stamping and escaping happen once, when a series is declared:
-a series keeps its rendered line ``b'NAME{labels} VALUE\\n'`` (and where the value starts),
-so a batch only formats the values that changed. Lines are grouped into (family, node)
-blocks; a batch marks the blocks it touched dirty and bumps :attr:`Registry.generation`.
+Node stamping happens once, when a series is declared (validation happened before, in
+the wire decoder: :mod:`gpurelay.wire.rules`; the registry adds only the gateway's own
+policy, reserved name prefixes and family types). Each series keeps its exposition line,
+made by the :class:`LineFormat` the registry is given (the text format lives in
+:mod:`cloud_gateway.exposition`; the registry only stores the bytes): the line prefix is
+made once, at declaration, so a batch only formats the values that changed. Lines are
+grouped into (family, node) blocks; a batch marks the blocks it touched dirty and bumps
+:attr:`Registry.generation`.
 
 Series ids belong to a connection; series *records* belong to the node. A reconnecting
 agent re-declares its series and they bind to the existing records (same name and
 labels), so the latest values stay exposed across a reconnect; a ``full`` batch then
 drops whatever it does not list.
 
-Delivery: every seq a node got acknowledged is kept in a :class:`SeqRanges` (it survives
-reconnects), so a batch or replay seen before is a duplicate. Live BATCH frames are the
-newest data and set the exposed values; REPLAY frames (older, spooled collections) never
-touch them: they only go on to remote write. :meth:`Registry.samples` gives a node's full
-current state, for writing each live collection as one sample per series.
+Which seqs are duplicates is decided by :mod:`cloud_gateway.delivery`; the registry is
+told, and counts them. Live BATCH frames are the newest data and set the exposed values
+(a duplicate only fills series that have no value yet); REPLAY frames (older, spooled
+collections) never touch them: they only go on to remote write. :meth:`Registry.samples`
+gives a node's full current state, for writing each live collection as one sample per
+series.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
-from cloud_gateway.seqranges import DEFAULT_MAX_RANGES, SeqRanges
-from gpurelay.exposition import format_labels, format_value
 from gpurelay.model import Family, GpuInventory, Labels
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 NodeState = Literal["online", "stale", "offline"]
 FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
 NODE_LABELS = ("NodeName", "Hostname")  # ACK series carry NodeName, device series Hostname
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+class LineFormat(Protocol):
+    """How a series becomes an exposition line: ``prefix(name, labels) + value(v)``; the
+    registry stores the bytes and knows nothing of their format."""
+
+    def prefix(self, name: str, labels: Labels) -> bytes: ...
+
+    def value(self, value: float) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +58,6 @@ class RegistryConfig:
     recent_errors: int = 20
     reserved_prefixes: tuple[str, ...] = ("gpurelay_node_", "gpurelay_gateway_")
     tracked_families: frozenset[str] = FB_FAMILIES  # for :meth:`Registry.latest`
-    max_seq_ranges: int = DEFAULT_MAX_RANGES  # delivered seqs kept per node, as ranges
 
 
 class RegistryError(Exception):
@@ -175,7 +183,7 @@ class _Series:
 
 
 class _Node:
-    def __init__(self, name: str, max_errors: int, max_seq_ranges: int) -> None:
+    def __init__(self, name: str, max_errors: int) -> None:
         self.name = name
         self.conn_id = 0
         self.connected = False
@@ -186,7 +194,6 @@ class _Node:
         self.disconnect_reason = ""
         self.last_batch_time: float | None = None
         self.last_seen: float | None = None
-        self.delivered = SeqRanges(max_seq_ranges)  # survives reconnects
         self.batches = self.replays = self.bytes = self.duplicates = 0
         self.errors: deque[NodeError] = deque(maxlen=max_errors)
         self.ids: dict[int, _Series] = {}  # ids of the current connection
@@ -197,8 +204,15 @@ class _Node:
 
 
 class Registry:
-    def __init__(self, config: RegistryConfig | None = None) -> None:
+    def __init__(
+        self, config: RegistryConfig | None = None, *, lines: LineFormat | None = None
+    ) -> None:
+        if lines is None:  # the Prometheus text format, from the stage that owns it
+            from cloud_gateway.exposition import TEXT_LINES
+
+            lines = TEXT_LINES
         self.config = config or RegistryConfig()
+        self.lines = lines
         self.generation = 0  # bumped by every change that alters the exposition
         self.blocks_rendered = 0
         self._nodes: dict[str, _Node] = {}
@@ -206,7 +220,6 @@ class Registry:
         self._families: dict[str, _FamilyState] = {}
         self._family_order: list[_FamilyState] | None = None
         self._last_conn = 0
-        self._valid_label_names: set[tuple[str, ...]] = set()
 
     # --- connections ---------------------------------------------------------------
 
@@ -246,14 +259,23 @@ class Registry:
         return Declared(len(decl.series) - len(rejected), tuple(rejected))
 
     def apply(
-        self, node: str, conn_id: int, batch: Batch, *, now: float, size_bytes: int
+        self,
+        node: str,
+        conn_id: int,
+        batch: Batch,
+        *,
+        now: float,
+        size_bytes: int,
+        duplicate: bool = False,
     ) -> Applied:
+        """Store a live batch's values. ``duplicate``: delivery saw its seq before (a
+        restarted agent, a lost ACK): it only fills series that have no value yet."""
         n = self._current(node, conn_id)
         n.batches += 1
         n.bytes += size_bytes
         n.last_seen = n.last_batch_time = now
         self.generation += 1  # last_seen changed, at least
-        if batch.seq in n.delivered:  # sent again (a restarted agent, a lost ACK)
+        if duplicate:
             n.duplicates += 1
             self._set(n, batch.values, only_new=True)  # fill series that have no value yet
             return Applied(seq=batch.seq, duplicate=True)
@@ -277,28 +299,18 @@ class Registry:
         *,
         now: float,
         size_bytes: int,
-        in_flight: bool = False,
+        duplicate: bool = False,
     ) -> Applied:
         """Account for one REPLAY frame; the exposed values are never touched (a replay
-        is older than what the live batches set). ``in_flight``: the caller holds this
-        seq already, not yet delivered (a duplicate too)."""
+        is older than what the live batches set)."""
         n = self._current(node, conn_id)
         n.replays += 1
         n.bytes += size_bytes
         n.last_seen = now
         self.generation += 1  # last_seen changed
-        duplicate = in_flight or seq in n.delivered
         if duplicate:
             n.duplicates += 1
         return Applied(seq=seq, duplicate=duplicate)
-
-    def is_delivered(self, node: str, seq: int) -> bool:
-        n = self._nodes.get(node)
-        return n is not None and seq in n.delivered
-
-    def mark_delivered(self, node: str, seq: int) -> bool:
-        """Record that ``seq`` was safely taken (acknowledged); ``False`` if it was already."""
-        return self._node(node).delivered.add(seq)
 
     def samples(self, node: str) -> list[tuple[Labels, float]]:
         """The full current state of a node's live series: ``(labels, value)`` with the
@@ -380,9 +392,7 @@ class Registry:
     def _node(self, name: str) -> _Node:
         n = self._nodes.get(name)
         if n is None:
-            n = self._nodes[name] = _Node(
-                name, self.config.recent_errors, self.config.max_seq_ranges
-            )
+            n = self._nodes[name] = _Node(name, self.config.recent_errors)
             insort(self._names, name)
             self.generation += 1  # a gpurelay_node_up line more
         return n
@@ -398,6 +408,7 @@ class Registry:
     ) -> tuple[int, int]:
         """Store values, re-format their lines, dirty their blocks: (changed, unknown)."""
         ids = n.ids
+        value_bytes = self.lines.value
         dirty: set[_Group] = set()
         changed = unknown = 0
         for sid, raw in values:
@@ -410,7 +421,7 @@ class Registry:
             if s.value == value or (only_new and s.value is not None):
                 continue
             s.value = value
-            s.line = line = s.line[: s.cut] + format_value(value).encode() + b"\n"
+            s.line = line = s.line[: s.cut] + value_bytes(value)
             g = s.group
             if g is None:
                 g = self._go_live(n, s)
@@ -423,7 +434,7 @@ class Registry:
         return changed, unknown
 
     def _declare_one(self, n: _Node, sd: SeriesDecl, by_prefix: dict[bytes, _Series]) -> str | None:
-        reason = self._invalid(sd)
+        reason = self.refuses(sd.name)
         if reason is not None:
             return reason
         if sd.id in n.ids or sd.id in n.rejected:
@@ -435,7 +446,7 @@ class Registry:
                 f"{fs.first_node!r}); this series declares it a {sd.type}"
             )
         labels = stamp_node(sd.labels, n.name)
-        prefix = f"{sd.name}{format_labels(labels)} ".encode()
+        prefix = self.lines.prefix(sd.name, labels)
         s = by_prefix.get(prefix)
         if s is not None:  # a record from an earlier connection (or a duplicate)
             if s.conn == n.conn_id:
@@ -458,27 +469,12 @@ class Registry:
         n.ids[sd.id] = s
         return None
 
-    def refuses(self, name: str, labels: Labels) -> str | None:
-        """Why a series (of a replayed record) would be refused if it were declared."""
-        return self._invalid(SeriesDecl(id=0, name=name, type="gauge", help="", labels=labels))
-
-    def _invalid(self, sd: SeriesDecl) -> str | None:
-        if not _METRIC_NAME.match(sd.name):
-            return f"invalid metric name {sd.name!r}"
-        if sd.name.startswith(self.config.reserved_prefixes):
-            return f"metric name {sd.name} is reserved for the gateway"
-        if sd.type not in ("gauge", "counter"):
-            return f"unsupported type {sd.type!r}"
-        names = tuple(k for k, _ in sd.labels)
-        if names in self._valid_label_names:  # most series share a few name lists
-            return None
-        for k in names:
-            if not _LABEL_NAME.match(k) or k.startswith("__"):
-                return f"invalid label name {k!r}"
-        if len(set(names)) != len(names):
-            return "a label name is repeated"
-        if len(self._valid_label_names) < 10_000:
-            self._valid_label_names.add(names)
+    def refuses(self, name: str) -> str | None:
+        """Why the gateway refuses a series of this name, whoever declares or replays it.
+        Only the gateway's own policy: the naming rules of :mod:`gpurelay.wire.rules`
+        were checked by the decoder (DECLARE) or the record codec (REPLAY)."""
+        if name.startswith(self.config.reserved_prefixes):
+            return f"metric name {name} is reserved for the gateway"
         return None
 
     def _go_live(self, n: _Node, s: _Series) -> _Group:

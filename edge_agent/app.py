@@ -27,7 +27,7 @@ from aiohttp import web
 from edge_agent import __version__, http_server
 from edge_agent.attribute import Attributor
 from edge_agent.catalog import load_counters
-from edge_agent.collect import Collection
+from edge_agent.collect import Collector
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import AgentConfig, resolve_node_name
@@ -57,7 +57,7 @@ class Pipeline:
     node: str
     backend: str
     lib: NvmlLib
-    collection: Collection
+    collection: Collector
     xid: XidWatcher
     attributor: Attributor
     driver_version: str = ""
@@ -142,7 +142,7 @@ def build_pipeline(
     )
     device = DeviceCollector(lib, devices, counters, node=node, driver_version=driver, xid=xid)
     process = ProcessCollector(lib, devices, attributor, node=node)
-    collection = Collection(
+    collection = Collector(
         node=node,
         backend=backend,
         device=device,

@@ -70,7 +70,7 @@ class ErrorSource(Protocol):
     def errors(self) -> dict[str, int]: ...
 
 
-class Collection:
+class Collector:
     """Owns the collectors and produces a :class:`Snapshot` per cycle."""
 
     def __init__(

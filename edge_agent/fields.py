@@ -14,8 +14,7 @@ from typing import Any
 import pynvml
 
 from edge_agent.nvml.backend import Handle, NvmlLib
-
-MIB = 1024 * 1024
+from gpurelay.model import MIB
 
 
 class Probe:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+MIB = 1024 * 1024  # dcgm-exporter reports framebuffer memory in MiB
 MetricType = Literal["gauge", "counter"]
 Labels = tuple[tuple[str, str], ...]
 

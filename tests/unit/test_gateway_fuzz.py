@@ -50,8 +50,8 @@ def stream(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return _valid_stream(tmp_path_factory.mktemp("fuzz"))
 
 
-def _feed(data: bytes, chunk: int) -> Registry:
-    """What an SSH channel does with incoming bytes; returns the registry afterwards."""
+def _ingest(data: bytes, chunk: int) -> Ingest:
+    """What an SSH channel does with incoming bytes; returns the ingest afterwards."""
     registry = Registry()
     ingest = Ingest(registry, clock=lambda: 1000.0)
     session = ingest.open_session("fuzz-node", "127.0.0.1:1", lambda reason: None)
@@ -65,7 +65,11 @@ def _feed(data: bytes, chunk: int) -> Registry:
         pass  # the connection would be closed with an ERROR frame: that is the contract
     finally:
         session.closed("fuzz")
-    return registry
+    return ingest
+
+
+def _feed(data: bytes, chunk: int) -> Registry:
+    return _ingest(data, chunk).registry
 
 
 def _renders(registry: Registry) -> None:
@@ -74,11 +78,12 @@ def _renders(registry: Registry) -> None:
 
 
 def test_the_valid_stream_is_accepted(stream: bytes) -> None:
-    registry = _feed(stream, 4096)
+    ingest = _ingest(stream, 4096)
+    registry = ingest.registry
     assert registry.node("fuzz-node", now=1000.0) is not None
     view = registry.node("fuzz-node", now=1000.0)
     assert view is not None and (view.batches_received, view.replays_received) == (3, 3)
-    assert all(registry.is_delivered("fuzz-node", seq) for seq in (100, 101, 102))
+    assert all(ingest.delivery.is_delivered("fuzz-node", seq) for seq in (100, 101, 102))
     _renders(registry)
 
 

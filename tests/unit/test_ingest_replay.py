@@ -135,7 +135,7 @@ def test_without_remote_write_batches_and_replays_are_acknowledged_at_once() -> 
     assert agent.batch(10, (0, 70.0)) == [10]  # a delivered live seq: a duplicate too
     assert metrics_lines(registry) == before  # neither the replay nor the duplicate shows
     assert (ingest.stats.batches, ingest.stats.replays, ingest.stats.duplicates) == (2, 2, 2)
-    assert registry.is_delivered(NODE, 3) and registry.is_delivered(NODE, 10)
+    assert ingest.delivery.is_delivered(NODE, 3) and ingest.delivery.is_delivered(NODE, 10)
     assert agent.acks == []
 
 
@@ -180,7 +180,7 @@ async def test_live_batches_are_acknowledged_after_the_receiver_took_their_full_
     assert f'{UTIL}{{gpu="0",Hostname="{NODE}"}} 55' in metrics_lines(registry)  # at once
     assert ingest.forward_stats.queued == 2 and agent.session.queued == 2
     await asyncio.sleep(0.05)
-    assert agent.acks == [] and not registry.is_delivered(NODE, 1)
+    assert agent.acks == [] and not ingest.delivery.is_delivered(NODE, 1)
     receiver.gate.set()
     await settle(lambda: agent.acks == [1, 2])
     gpu0 = (("Hostname", NODE), ("__name__", UTIL), ("gpu", "0"))
@@ -188,7 +188,7 @@ async def test_live_batches_are_acknowledged_after_the_receiver_took_their_full_
     sent = {labels: points for req in receiver.requests for labels, points in req}
     assert sent[gpu0] == [(ms(1), 50.0), (ms(2), 55.0)]
     assert sent[gpu1] == [(ms(1), 60.0), (ms(2), 60.0)]
-    assert registry.is_delivered(NODE, 1) and registry.is_delivered(NODE, 2)
+    assert ingest.delivery.is_delivered(NODE, 1) and ingest.delivery.is_delivered(NODE, 2)
     assert ingest.forward_stats.queued == 0 and ingest.forward_stats.delivered == 2
     agent.session.closed("test")
 
@@ -201,10 +201,10 @@ async def test_nothing_is_acknowledged_while_the_receiver_is_down() -> None:
     agent.batch(1, (0, 50.0), (1, 60.0))
     agent.replay(0)
     await settle(lambda: ingest.forward_stats.unavailable >= 3)
-    assert agent.acks == [] and not registry.is_delivered(NODE, 0)
+    assert agent.acks == [] and not ingest.delivery.is_delivered(NODE, 0)
     down = False
     await settle(lambda: agent.acks == [1, 0])
-    assert registry.is_delivered(NODE, 0) and ingest.forward_stats.dropped == 0
+    assert ingest.delivery.is_delivered(NODE, 0) and ingest.forward_stats.dropped == 0
     assert ms(0) in receiver.timestamps() and ms(1) in receiver.timestamps()
     agent.session.closed("test")
 
@@ -226,7 +226,7 @@ async def test_a_refused_collection_is_acknowledged_dropped_and_counted(
     assert ingest.forward_stats.dropped == 1 and ingest.forward_stats.delivered == 2
     # the group was refused, then sent one by one: only seq 2 is lost
     assert [len(r) for r in receiver.requests] == [1, 1, 1, 1]
-    assert all(registry.is_delivered(NODE, s) for s in (1, 2, 3))
+    assert all(ingest.delivery.is_delivered(NODE, s) for s in (1, 2, 3))
     (refused,) = [r for r in caplog.records if "seq 2" in r.getMessage()]
     assert refused.name.endswith(f"node.{NODE}") and "out of order sample" in refused.getMessage()
     assert ingest.remote_write is not None and ingest.remote_write.stats.rejected_requests == 2
@@ -279,5 +279,5 @@ async def test_closing_the_session_releases_flow_and_forgets_the_queue() -> None
     assert ingest.forward_stats.queued == 0
     receiver.gate.set()
     await asyncio.sleep(0.05)
-    assert agent.acks == [] and not registry.is_delivered(NODE, 1)  # the agent sends again
+    assert agent.acks == [] and not ingest.delivery.is_delivered(NODE, 1)  # the agent sends again
     await ingest.aclose()

@@ -12,7 +12,7 @@ from cloud_gateway.registry import (
     stamp_node,
 )
 from gpurelay.model import GpuInventory, Labels, MetricType
-from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
+from gpurelay.wire import Batch, Declare, Hello, Limits, SeriesDecl, WireError, check_series
 
 T0 = 1_790_000_000.0
 
@@ -105,19 +105,18 @@ def test_newer_connection_wins_and_the_old_one_is_ignored() -> None:
 
 
 def test_duplicate_batches_never_overwrite_newer_values_even_after_reconnect() -> None:
+    """Delivery decides what is a duplicate (tests/unit/test_delivery.py); the registry,
+    told so, fills only series without a value and counts it."""
     reg = Registry()
     conn = online(reg, "n")
-    assert reg.mark_delivered("n", 1)
     assert not reg.apply("n", conn.conn_id, batch(5, (0, 60.0)), now=T0, size_bytes=1).duplicate
-    assert reg.mark_delivered("n", 5) and not reg.mark_delivered("n", 5)
-    dup = reg.apply("n", conn.conn_id, batch(1, (0, 99.0)), now=T0, size_bytes=1)
+    dup = reg.apply("n", conn.conn_id, batch(1, (0, 99.0)), now=T0, size_bytes=1, duplicate=True)
     assert dup.duplicate and dup.seq == 1
     again = reg.connect("n", remote="r", hello=hello("n"), now=T0 + 1)
     new = decl(9, "DCGM_FI_DEV_GPU_TEMP", (("gpu", "0"),))
     reg.declare("n", again.conn_id, Declare(series=(*device_series("n").series, new)))
     replay = batch(5, (0, 99.0), (9, 41.0))
-    assert reg.is_delivered("n", 5)  # delivered seqs survive reconnects
-    assert reg.apply("n", again.conn_id, replay, now=T0 + 1, size_bytes=1).duplicate
+    assert reg.apply("n", again.conn_id, replay, now=T0 + 1, size_bytes=1, duplicate=True).duplicate
     # the duplicate fills a series that never had a value, and overwrites nothing
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 60' in lines(reg)
     assert 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n"} 41' in lines(reg)
@@ -126,15 +125,14 @@ def test_duplicate_batches_never_overwrite_newer_values_even_after_reconnect() -
 
 
 def test_a_batch_not_delivered_yet_is_applied_whatever_its_seq() -> None:
-    """Duplicates are the delivered seqs, not everything below a high-water mark: a live
-    batch is applied even when a higher seq was seen (acks are per seq, not cumulative)."""
+    """The registry keeps no high-water mark: a live batch with a lower seq than one
+    applied before is applied (duplicates are delivery's call, per seq)."""
     reg = Registry()
     conn = online(reg, "n")
-    reg.mark_delivered("n", 7)
+    reg.apply("n", conn.conn_id, batch(7, (0, 11.0)), now=T0, size_bytes=1)
     applied = reg.apply("n", conn.conn_id, batch(3, (0, 12.0)), now=T0, size_bytes=1)
     assert not applied.duplicate and applied.changed == 1
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n"} 12' in lines(reg)
-    assert not reg.is_delivered("n", 3) and not reg.is_delivered("other", 3)
 
 
 def test_replays_never_change_the_exposed_values() -> None:
@@ -143,9 +141,8 @@ def test_replays_never_change_the_exposed_values() -> None:
     before = lines(reg)
     first = reg.replay("n", conn.conn_id, 0, now=T0 + 5, size_bytes=300)
     assert not first.duplicate and first.seq == 0
-    reg.mark_delivered("n", 0)
-    assert reg.replay("n", conn.conn_id, 0, now=T0 + 6, size_bytes=300).duplicate
-    assert reg.replay("n", conn.conn_id, 2, now=T0 + 6, size_bytes=1, in_flight=True).duplicate
+    assert reg.replay("n", conn.conn_id, 0, now=T0 + 6, size_bytes=300, duplicate=True).duplicate
+    assert reg.replay("n", conn.conn_id, 2, now=T0 + 6, size_bytes=1, duplicate=True).duplicate
     assert lines(reg) == before
     view = reg.node("n", now=T0 + 6)
     assert view is not None
@@ -178,9 +175,25 @@ def test_samples_are_the_full_state_with_remote_write_labels() -> None:
 
 def test_refuses_what_a_declaration_may_not_carry() -> None:
     reg = Registry()
-    assert reg.refuses("DCGM_FI_DEV_GPU_UTIL", (("gpu", "0"),)) is None
-    assert "reserved" in (reg.refuses("gpurelay_gateway_x", ()) or "")
-    assert "invalid label name" in (reg.refuses("x", (("__name__", "y"),)) or "")
+    assert reg.refuses("DCGM_FI_DEV_GPU_UTIL") is None
+    assert "reserved" in (reg.refuses("gpurelay_gateway_x") or "")
+    assert "reserved" in (reg.refuses("gpurelay_node_up") or "")
+
+
+@pytest.mark.parametrize(
+    ("name", "labels", "code"),
+    [
+        ("bad-name", (), "bad_name"),
+        ("x", (("__name__", "y"),), "bad_label"),
+        ("x", (("a", "1"), ("a", "2")), "bad_label"),
+    ],
+)
+def test_the_naming_rules_are_the_wire_rules(name: str, labels: Labels, code: str) -> None:
+    """Names and labels are checked once, by gpurelay.wire.rules, before the registry
+    sees a series (the decoder for DECLARE, the record codec for REPLAY)."""
+    with pytest.raises(WireError) as err:
+        check_series(decl(0, name, labels), Limits())
+    assert err.value.code == code
 
 
 def test_states_follow_the_agent_interval() -> None:
@@ -260,10 +273,7 @@ def test_declare_rejects_with_clear_reasons() -> None:
         Declare(
             series=(
                 decl(0, "DCGM_FI_DEV_GPU_UTIL", (), "counter"),  # a gauge on node a
-                decl(1, "bad-name", ()),
                 decl(2, "gpurelay_node_up", ()),
-                decl(3, "x", (("__name__", "y"),)),
-                decl(4, "x", (("a", "1"), ("a", "2"))),
                 decl(5, "ok", ()),
                 decl(5, "ok2", ()),
                 decl(6, "ok", (("Hostname", "other"),)),  # the same series after stamping
@@ -271,7 +281,7 @@ def test_declare_rejects_with_clear_reasons() -> None:
         ),
     )
     reasons = {r.id: r.reason for r in res.rejected}
-    assert res.accepted == 1 and set(reasons) == {0, 1, 2, 3, 4, 5, 6}
+    assert res.accepted == 1 and set(reasons) == {0, 2, 5, 6}
     assert "DCGM_FI_DEV_GPU_UTIL is a gauge (first declared by node 'a')" in reasons[0]
     assert "reserved" in reasons[2] and "already declared" in reasons[5]
     assert "same name and labels" in reasons[6]
