@@ -197,7 +197,7 @@ async def test_nothing_is_acknowledged_while_the_receiver_is_down() -> None:
     receiver = Receiver()
     down = True
     receiver.status = lambda series: 503 if down else 204
-    registry, ingest, agent = setup(receiver)
+    _, ingest, agent = setup(receiver)
     agent.batch(1, (0, 50.0), (1, 60.0))
     agent.replay(0)
     await settle(lambda: ingest.forward_stats.unavailable >= 3)
@@ -217,7 +217,7 @@ async def test_a_refused_collection_is_acknowledged_dropped_and_counted(
     receiver.status = lambda series: (
         400 if any(ts == ms(2) for _, p in series for ts, _ in p) else 204
     )
-    registry, ingest, agent = setup(receiver)
+    _, ingest, agent = setup(receiver)
     for seq in (1, 2, 3):
         agent.replay(seq)
     receiver.gate.set()
@@ -268,7 +268,7 @@ async def test_flow_holds_the_channel_while_the_queue_is_over_its_bound() -> Non
 async def test_closing_the_session_releases_flow_and_forgets_the_queue() -> None:
     receiver = Receiver()
     receiver.gate.clear()
-    registry, ingest, agent = setup(receiver, max_queued_batches=1)
+    _, ingest, agent = setup(receiver, max_queued_batches=1)
     for seq in (1, 2, 3):
         agent.batch(seq, (0, float(seq)))
     held = asyncio.create_task(agent.session.flow())
