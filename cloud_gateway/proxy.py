@@ -74,7 +74,7 @@ class Proxy:
     timeout: float = 10.0
     clock: Callable[[], float] = time.time
     requests: Counter[int] = field(default_factory=Counter)
-    _idle: dict[tuple[str, int], list[_Channel]] = field(default_factory=dict)
+    _idle: dict[tuple[str, int], list[_ProxyChannel]] = field(default_factory=dict)
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
         endpoint = self.endpoints.lookup(node, port)
@@ -126,7 +126,7 @@ class Proxy:
 
     async def _channel(
         self, conn: asyncssh.SSHServerConnection, node: str, port: int, timeout: float
-    ) -> tuple[_Channel, bool]:
+    ) -> tuple[_ProxyChannel, bool]:
         """An idle keep-alive channel to NODE:PORT on this connection, or a new one."""
         idle = self._idle.get((node, port), [])
         while idle:
@@ -142,7 +142,7 @@ class Proxy:
             raise ProxyError(502, f"{node}:{port} refused the connection: {exc.reason}") from exc
         except (OSError, asyncssh.Error) as exc:
             raise ProxyError(502, f"the tunnel to {node}:{port} failed: {exc}") from exc
-        return _Channel(conn, reader, writer), False
+        return _ProxyChannel(conn, reader, writer), False
 
     async def _relay(
         self, request: web.Request, node: str, port: int, path_qs: str, started: float
@@ -185,7 +185,7 @@ class Proxy:
     async def _stream(
         self,
         request: web.Request,
-        channel: _Channel,
+        channel: _ProxyChannel,
         *,
         upstream: _Buffered,
         status: int,
@@ -253,7 +253,7 @@ class _BadUpstream(Exception):
 
 
 @dataclass
-class _Channel:
+class _ProxyChannel:
     conn: asyncssh.SSHServerConnection
     reader: asyncssh.SSHReader[bytes]
     writer: asyncssh.SSHWriter[bytes]

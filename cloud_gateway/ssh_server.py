@@ -204,7 +204,7 @@ class SshServer:
         self._limits = limits
         self._login_timeout = login_timeout
         self._server: asyncssh.SSHAcceptor | None = None
-        self._channels: set[_Channel] = set()
+        self._channels: set[_TelemetryChannel] = set()
         self.protocol_errors: Counter[str] = Counter()
         self.port = 0
 
@@ -235,7 +235,7 @@ class SshServer:
             process.stderr.write(b"only the gpurelay subsystem is offered here\n")
             process.exit(1)
             return
-        channel = _Channel(self, process, node, remote)
+        channel = _TelemetryChannel(self, process, node, remote)
         self._channels.add(channel)
         try:
             await channel.run()
@@ -282,7 +282,7 @@ class SshServer:
             await self._server.wait_closed()
 
 
-class _Channel:
+class _TelemetryChannel:
     def __init__(
         self, server: SshServer, process: asyncssh.SSHServerProcess[bytes], node: str, remote: str
     ) -> None:

@@ -36,7 +36,7 @@ from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.outbox import Outbox
 from edge_agent.spool import Spool, SpoolLimits
-from edge_agent.tunnel import Published, Tunnel
+from edge_agent.tunnel import PublishedEndpoint, Tunnel
 from edge_agent.xid import XidWatcher
 from gpurelay.sdnotify import notify
 from gpurelay.wire import Hello
@@ -167,7 +167,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.stop = asyncio.Event()
-        self.published = http_server.Published(max_age=max(3 * cfg.interval_seconds, 30.0))
+        self.published = http_server.LatestSnapshot(max_age=max(3 * cfg.interval_seconds, 30.0))
         self.pipeline: Pipeline | None = None
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -190,7 +190,7 @@ class Agent:
             gpus=snap.gpus if snap else (),
         )
 
-    def published_endpoints(self) -> list[Published]:
+    def published_endpoints(self) -> list[PublishedEndpoint]:
         """The allowlist offered through the tunnel: our exporter, then the config's."""
         assert self.pipeline is not None
         node = self.pipeline.node
@@ -198,9 +198,9 @@ class Agent:
         if self.cfg.publish_agent:
             host = self.cfg.listen_host
             local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-            out.append(Published("edge-agent", node, self.port, local, self.port))
+            out.append(PublishedEndpoint("edge-agent", node, self.port, local, self.port))
         for p in self.cfg.publish:
-            out.append(Published(p.name, p.node or node, p.port, p.host, p.target))
+            out.append(PublishedEndpoint(p.name, p.node or node, p.port, p.host, p.target))
         return out
 
     async def startup(self) -> None:

@@ -48,7 +48,7 @@ class AttributionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayConfig:
+class TunnelConfig:
     """Where and how to push. An empty address means: serve locally only, do not push."""
 
     address: str = ""  # HOST:PORT of the gateway's SSH listener (default port 2222)
@@ -128,7 +128,7 @@ class AgentConfig:
     log_level: str = "info"
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    gateway: TunnelConfig = field(default_factory=TunnelConfig)
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     # Endpoints reachable through the tunnel. The agent's own exporter is always offered
     # (as NODE:<listen port>) unless publish_agent is false; nothing else is reachable.

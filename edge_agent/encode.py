@@ -15,12 +15,10 @@ from __future__ import annotations
 import logging
 import math
 
-from gpurelay.model import Family, Labels, Snapshot
+from gpurelay.model import Family, SeriesKey, Snapshot
 from gpurelay.wire import Batch, Declare, Frame, Limits, SeriesDecl, WireError, check_series
 
 log = logging.getLogger(__name__)
-
-SeriesKey = tuple[str, Labels]
 
 _MAX_REMEMBERED_REJECTS = 1000
 _DEFAULT_LIMITS = Limits()

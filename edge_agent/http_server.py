@@ -26,7 +26,7 @@ from gpurelay.model import Snapshot
 
 
 @dataclass
-class Published:
+class LatestSnapshot:
     """The latest snapshot and bodies rendered from it (built once, served many times)."""
 
     snapshot: Snapshot | None = None
@@ -53,7 +53,7 @@ class Published:
         return cached
 
 
-PUBLISHED: web.AppKey[Published] = web.AppKey("published", Published)
+PUBLISHED: web.AppKey[LatestSnapshot] = web.AppKey("published", LatestSnapshot)
 
 
 def _not_ready() -> web.Response:
@@ -90,7 +90,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text=f"ok: node {pub.snapshot.node}, last collection {age:.1f}s ago\n")
 
 
-def make_app(published: Published) -> web.Application:
+def make_app(published: LatestSnapshot) -> web.Application:
     app = web.Application()
     app[PUBLISHED] = published
     app.router.add_get("/metrics", metrics)
@@ -99,7 +99,7 @@ def make_app(published: Published) -> web.Application:
     return app
 
 
-async def start(published: Published, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start(published: LatestSnapshot, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (for cleanup) and the bound port (port 0 works)."""
     runner = web.AppRunner(make_app(published), access_log=None)
     await runner.setup()

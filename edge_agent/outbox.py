@@ -2,7 +2,7 @@
 
 Every collection gets the next sequence number and is committed to the spool (as an
 :mod:`gpurelay.record`) *before* the tunnel sends it; it leaves the spool when the gateway
-acknowledges that seq. Per connection, a :class:`Delivery` decides what goes out next:
+acknowledges that seq. Per connection, a :class:`Dispatch` decides what goes out next:
 
 * the newest collection first, as a live BATCH (fresh data never waits behind a backlog);
 * then, between live batches, the backlog oldest first as REPLAY frames: every spooled seq
@@ -25,13 +25,51 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from edge_agent.spool import Spool, SpooledBatch
-from gpurelay.model import Snapshot
+from edge_agent.spool import DROP_REASONS, Spool, SpooledBatch
+from gpurelay.model import Family, SampleSink, Snapshot
 from gpurelay.record import RecordEncoder
 
 log = logging.getLogger(__name__)
 
 _PENDING_CHUNK = 64
+
+SPOOL_FAMILIES = (
+    Family(
+        name="gpurelay_agent_spool_batches",
+        type="gauge",
+        help="Batches in the durable spool (not yet acknowledged by the gateway).",
+    ),
+    Family(
+        name="gpurelay_agent_spool_bytes",
+        type="gauge",
+        help="Payload bytes in the durable spool.",
+    ),
+    Family(
+        name="gpurelay_agent_spool_oldest_age_seconds",
+        type="gauge",
+        help="Age of the oldest batch in the spool (0 when empty).",
+    ),
+    Family(
+        name="gpurelay_agent_spool_dropped_batches_total",
+        type="counter",
+        help="Batches dropped unsent: spool bound reached (bytes, age) or too large to send.",
+    ),
+    Family(
+        name="gpurelay_agent_spool_write_errors_total",
+        type="counter",
+        help="Spool operations that failed (full or read-only disk, I/O error).",
+    ),
+    Family(
+        name="gpurelay_agent_spool_healthy",
+        type="gauge",
+        help="1 while the spool can be written; 0 while live batches go out unspooled.",
+    ),
+    Family(
+        name="gpurelay_agent_spool_unspooled_batches_total",
+        type="counter",
+        help="Collections the spool could not take (sent live only, if the link was up).",
+    ),
+)
 
 
 class Outbox:
@@ -63,16 +101,36 @@ class Outbox:
         self.latest = (seq, snapshot)
         return seq
 
-    def delivery(self) -> Delivery:
+    def metrics(self, sink: SampleSink) -> None:
+        """The spool's series (``gpurelay_agent_spool_*``), added to every collection."""
+        spool = self.spool
+        if spool is None:
+            return
+        for fam in SPOOL_FAMILIES:
+            sink.declare(fam)
+        ss = spool.stats()
+        sink.add("gpurelay_agent_spool_batches", (), ss.batches)
+        sink.add("gpurelay_agent_spool_bytes", (), ss.bytes)
+        sink.add("gpurelay_agent_spool_oldest_age_seconds", (), round(ss.oldest_age_seconds, 3))
+        dropped = dict(ss.dropped)
+        dropped["oversize"] = self.discarded
+        for reason in (*DROP_REASONS, "oversize"):
+            n = dropped.get(reason, 0)
+            sink.add("gpurelay_agent_spool_dropped_batches_total", (("reason", reason),), n)
+        sink.add("gpurelay_agent_spool_write_errors_total", (), ss.write_errors)
+        sink.add("gpurelay_agent_spool_healthy", (), 1.0 if ss.healthy else 0.0)
+        sink.add("gpurelay_agent_spool_unspooled_batches_total", (), self.unspooled)
+
+    def dispatch(self) -> Dispatch:
         """What to send on a new connection."""
-        return Delivery(self)
+        return Dispatch(self)
 
     def close(self) -> None:
         if self.spool is not None:
             self.spool.close()
 
 
-class Delivery:
+class Dispatch:
     """One connection's progress: the newest live seq sent, the replay cursor, in flight."""
 
     def __init__(self, outbox: Outbox) -> None:

@@ -51,6 +51,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_agent import spool_sql
+
 log = logging.getLogger(__name__)
 
 DROP_BYTES = "bytes"
@@ -61,26 +63,7 @@ DROP_REASONS = (DROP_BYTES, DROP_AGE)
 # sits at its bound does not flap between "dropping" and "stopped" on every put.
 _EPISODE_QUIET_SECONDS = 60.0
 _JOURNAL_SIZE_LIMIT = 8 * 1024 * 1024
-_BUSY_TIMEOUT_SECONDS = 2.0
-_IN_CHUNK = 500  # well under SQLITE_MAX_VARIABLE_NUMBER on every SQLite version
-# Primary result codes (the low byte of the extended code) meaning the file is damaged.
-_SQLITE_CORRUPT = 11
-_SQLITE_NOTADB = 26
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS batches ("
-    " seq INTEGER PRIMARY KEY, ts REAL NOT NULL, size INTEGER NOT NULL, payload BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS batches_ts ON batches(ts)",
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO meta(key, value) VALUES ('high_seq', 0)",
-)
-
 Connect = Callable[[Path], sqlite3.Connection]
-
-
-def default_connect(path: Path) -> sqlite3.Connection:
-    """Autocommit connection: the spool issues its own BEGIN IMMEDIATE/COMMIT."""
-    return sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_SECONDS, isolation_level=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,23 +95,6 @@ class SpoolStats:
     healthy: bool = True  # False while the database cannot be opened or written
 
 
-class _Corrupt(Exception):
-    """The database file is damaged; it should be moved aside."""
-
-
-def _is_corruption(exc: BaseException) -> bool:
-    if isinstance(exc, _Corrupt):
-        return True
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return (code & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
-    # No result code (e.g. raised by a connection factory): a DatabaseError that is not an
-    # operational error (full, read-only, I/O, locked) is the file's fault.
-    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(
-        exc, sqlite3.OperationalError | sqlite3.IntegrityError | sqlite3.ProgrammingError
-    )
-
-
 class Spool:
     """A bounded, durable FIFO of batches keyed by sequence number."""
 
@@ -138,7 +104,7 @@ class Spool:
         *,
         limits: SpoolLimits = SpoolLimits(),  # frozen, so sharing is safe
         clock: Callable[[], float] = time.time,
-        connect: Connect = default_connect,
+        connect: Connect = spool_sql.default_connect,
         recovery_seconds: float = 0.0,
     ) -> None:
         self.path = Path(path)
@@ -191,11 +157,13 @@ class Spool:
             return False
         try:
             conn.execute("BEGIN IMMEDIATE")
-            age_n, age_bytes = self._drop_older_than(conn, now - self.limits.max_age_seconds)
+            age_n, age_bytes = spool_sql.drop_older_than(conn, now - self.limits.max_age_seconds)
             row = conn.execute("SELECT size FROM batches WHERE seq = ?", (seq,)).fetchone()
             replaced = int(row[0]) if row is not None else None
             excess = self._bytes - age_bytes - (replaced or 0) + size - self.limits.max_bytes
-            bytes_n, bytes_bytes = (0, 0) if excess <= 0 else self._drop_oldest(conn, excess, seq)
+            bytes_n, bytes_bytes = (
+                (0, 0) if excess <= 0 else spool_sql.drop_oldest(conn, excess, seq)
+            )
             conn.execute(
                 "INSERT INTO batches(seq, ts, size, payload) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT(seq) DO UPDATE SET"
@@ -231,13 +199,13 @@ class Spool:
         try:
             conn.execute("BEGIN IMMEDIATE")
             if up_to_seq is not None:
-                c, b = self._delete(conn, "seq <= ?", (up_to_seq,))
+                c, b = spool_sql.delete(conn, "seq <= ?", (up_to_seq,))
                 n, freed = n + c, freed + b
                 wanted = [s for s in wanted if s > up_to_seq]
-            for i in range(0, len(wanted), _IN_CHUNK):
-                chunk = wanted[i : i + _IN_CHUNK]
+            for i in range(0, len(wanted), spool_sql.IN_CHUNK):
+                chunk = wanted[i : i + spool_sql.IN_CHUNK]
                 marks = ",".join("?" * len(chunk))
-                c, b = self._delete(conn, f"seq IN ({marks})", tuple(chunk))
+                c, b = spool_sql.delete(conn, f"seq IN ({marks})", tuple(chunk))
                 n, freed = n + c, freed + b
             conn.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
@@ -302,10 +270,10 @@ class Spool:
             return False
         try:
             self._prepare(conn)
-        except (sqlite3.Error, OSError, _Corrupt) as exc:
+        except (sqlite3.Error, OSError, spool_sql.Corrupt) as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
-            if not (may_move_aside and _is_corruption(exc)):
+            if not (may_move_aside and spool_sql.is_corruption(exc)):
                 self._failed(None, "open", exc)
                 return False
             if not self._move_aside(exc):
@@ -325,7 +293,7 @@ class Spool:
         if self._check_on_open:
             row = conn.execute("PRAGMA quick_check").fetchone()
             if row is None or row[0] != "ok":
-                raise _Corrupt(f"quick_check: {row[0] if row else 'no result'}")
+                raise spool_sql.Corrupt(f"quick_check: {row[0] if row else 'no result'}")
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             log.warning("spool at %s: WAL mode not available (journal_mode=%s)", self.path, mode)
@@ -333,7 +301,7 @@ class Spool:
         conn.execute(f"PRAGMA journal_size_limit={_JOURNAL_SIZE_LIMIT}")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in _SCHEMA:
+            for statement in spool_sql.SCHEMA:
                 conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
@@ -392,51 +360,6 @@ class Spool:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
 
-    # -- SQL helpers (inside the caller's transaction) --------------------------------------
-
-    @staticmethod
-    def _delete(conn: sqlite3.Connection, where: str, params: tuple[int, ...]) -> tuple[int, int]:
-        count, freed = conn.execute(
-            f"SELECT count(*), coalesce(sum(size), 0) FROM batches WHERE {where}", params
-        ).fetchone()
-        if count:
-            conn.execute(f"DELETE FROM batches WHERE {where}", params)
-        return int(count), int(freed)
-
-    @staticmethod
-    def _drop_older_than(conn: sqlite3.Connection, cutoff: float) -> tuple[int, int]:
-        count, freed = conn.execute(
-            "SELECT count(*), coalesce(sum(size), 0) FROM batches WHERE ts < ?", (cutoff,)
-        ).fetchone()
-        if count:
-            conn.execute("DELETE FROM batches WHERE ts < ?", (cutoff,))
-        return int(count), int(freed)
-
-    @staticmethod
-    def _drop_oldest(conn: sqlite3.Connection, excess: int, keep_seq: int) -> tuple[int, int]:
-        """Delete the lowest seqs until at least ``excess`` payload bytes are freed."""
-        cursor = conn.execute(
-            "SELECT seq, size FROM batches WHERE seq != ? ORDER BY seq", (keep_seq,)
-        )
-        freed = 0
-        victims: list[int] = []
-        try:
-            while freed < excess:
-                rows = cursor.fetchmany(256)
-                if not rows:
-                    break
-                for seq, size in rows:
-                    victims.append(int(seq))
-                    freed += int(size)
-                    if freed >= excess:
-                        break
-        finally:
-            cursor.close()
-        for i in range(0, len(victims), _IN_CHUNK):
-            chunk = victims[i : i + _IN_CHUNK]
-            conn.execute(f"DELETE FROM batches WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
-        return len(victims), freed
-
     # -- episodes ---------------------------------------------------------------------------
 
     def _failed(self, conn: sqlite3.Connection | None, what: str, exc: BaseException) -> None:
@@ -455,7 +378,7 @@ class Spool:
                 exc,
                 what,
             )
-        if conn is not None and _is_corruption(exc):
+        if conn is not None and spool_sql.is_corruption(exc):
             # Reopen on the next put, integrity-check, move the damaged file aside.
             self._check_on_open = True
             self._close_conn()

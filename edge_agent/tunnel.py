@@ -25,11 +25,10 @@ from typing import Any
 import asyncssh
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
-from edge_agent.config import GatewayConfig
+from edge_agent.config import TunnelConfig
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
-from edge_agent.outbox import Delivery, Outbox
-from edge_agent.spool import DROP_REASONS
+from edge_agent.outbox import Dispatch, Outbox
 from gpurelay.model import Family, SampleSink, Snapshot
 from gpurelay.wire import (
     READ_CHUNK,
@@ -94,47 +93,10 @@ TUNNEL_FAMILIES = (
         help="Batches sent on the current connection and not yet acknowledged.",
     ),
 )
-SPOOL_FAMILIES = (
-    Family(
-        name="gpurelay_agent_spool_batches",
-        type="gauge",
-        help="Batches in the durable spool (not yet acknowledged by the gateway).",
-    ),
-    Family(
-        name="gpurelay_agent_spool_bytes",
-        type="gauge",
-        help="Payload bytes in the durable spool.",
-    ),
-    Family(
-        name="gpurelay_agent_spool_oldest_age_seconds",
-        type="gauge",
-        help="Age of the oldest batch in the spool (0 when empty).",
-    ),
-    Family(
-        name="gpurelay_agent_spool_dropped_batches_total",
-        type="counter",
-        help="Batches dropped unsent: spool bound reached (bytes, age) or too large to send.",
-    ),
-    Family(
-        name="gpurelay_agent_spool_write_errors_total",
-        type="counter",
-        help="Spool operations that failed (full or read-only disk, I/O error).",
-    ),
-    Family(
-        name="gpurelay_agent_spool_healthy",
-        type="gauge",
-        help="1 while the spool can be written; 0 while live batches go out unspooled.",
-    ),
-    Family(
-        name="gpurelay_agent_spool_unspooled_batches_total",
-        type="counter",
-        help="Collections the spool could not take (sent live only, if the link was up).",
-    ),
-)
 
 
 @dataclass(frozen=True, slots=True)
-class Published:
+class PublishedEndpoint:
     """An endpoint offered to the gateway: NODE:PORT -> host:target_port on the edge."""
 
     name: str
@@ -170,7 +132,7 @@ class TunnelStats:
         self.last_error = message
 
 
-def load_client_key(cfg: GatewayConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCertificate]:
+def load_client_key(cfg: TunnelConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCertificate]:
     """Read the node key and certificate once, with errors that name the file."""
     assert cfg.key is not None
     cert_path = cfg.certificate_path
@@ -186,7 +148,7 @@ def load_client_key(cfg: GatewayConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCe
     return key, cert
 
 
-def load_known_hosts(cfg: GatewayConfig) -> asyncssh.SSHKnownHosts:
+def load_known_hosts(cfg: TunnelConfig) -> asyncssh.SSHKnownHosts:
     assert cfg.known_hosts is not None
     try:
         return asyncssh.read_known_hosts(str(cfg.known_hosts))
@@ -199,12 +161,12 @@ class Tunnel:
 
     def __init__(
         self,
-        cfg: GatewayConfig,
+        cfg: TunnelConfig,
         *,
         node: str,
         hello: Callable[[], Hello],
         encoder: SnapshotEncoder | None = None,
-        publish: Sequence[Published] = (),
+        publish: Sequence[PublishedEndpoint] = (),
         outbox: Outbox | None = None,
         replay_batches_per_second: float = 50.0,
     ) -> None:
@@ -218,7 +180,7 @@ class Tunnel:
         # Sequence numbers (persisted in the spool) and what to send next.
         self.outbox = outbox or Outbox(None)
         self._replay_interval = 1.0 / replay_batches_per_second
-        self._delivery: Delivery | None = None
+        self._dispatch: Dispatch | None = None
         self._wakeup = asyncio.Event()
         self.stats = TunnelStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
@@ -237,28 +199,12 @@ class Tunnel:
         sink.add("gpurelay_agent_gateway_acked_seq", (), st.acked_seq)
         sink.add("gpurelay_agent_proxy_refused_total", (), st.proxy_refused)
         sink.add("gpurelay_agent_replayed_batches_total", (), self.outbox.replayed)
-        delivery = self._delivery
-        in_flight = len(delivery.in_flight) if delivery is not None and st.connected else 0
+        dispatch = self._dispatch
+        in_flight = len(dispatch.in_flight) if dispatch is not None and st.connected else 0
         sink.add("gpurelay_agent_gateway_in_flight_batches", (), in_flight)
-        spool = self.outbox.spool
-        if spool is None:
-            return
-        for fam in SPOOL_FAMILIES:
-            sink.declare(fam)
-        ss = spool.stats()
-        sink.add("gpurelay_agent_spool_batches", (), ss.batches)
-        sink.add("gpurelay_agent_spool_bytes", (), ss.bytes)
-        sink.add("gpurelay_agent_spool_oldest_age_seconds", (), round(ss.oldest_age_seconds, 3))
-        dropped = dict(ss.dropped)
-        dropped["oversize"] = self.outbox.discarded
-        for reason in (*DROP_REASONS, "oversize"):
-            n = dropped.get(reason, 0)
-            sink.add("gpurelay_agent_spool_dropped_batches_total", (("reason", reason),), n)
-        sink.add("gpurelay_agent_spool_write_errors_total", (), ss.write_errors)
-        sink.add("gpurelay_agent_spool_healthy", (), 1.0 if ss.healthy else 0.0)
-        sink.add("gpurelay_agent_spool_unspooled_batches_total", (), self.outbox.unspooled)
+        self.outbox.metrics(sink)
 
-    def publish(self, endpoints: Sequence[Published]) -> None:
+    def publish(self, endpoints: Sequence[PublishedEndpoint]) -> None:
         """The endpoints offered on the next connection (the agent's port is known late)."""
         self._publish = tuple(endpoints)
 
@@ -375,7 +321,7 @@ class Tunnel:
     ) -> None:
         frames = FrameEncoder()
         self._snapshots.reset()
-        self._delivery = None
+        self._dispatch = None
         self._write(writer, frames.encode(self._hello()))
         receiver = asyncio.create_task(self._receive(reader))
         sender = asyncio.create_task(self._send_loop(writer, frames))
@@ -391,33 +337,33 @@ class Tunnel:
 
     async def _send_loop(self, writer: asyncssh.SSHWriter[bytes], frames: FrameEncoder) -> None:
         """Live first, backlog between live batches (see edge_agent.outbox)."""
-        delivery = self._delivery = self.outbox.delivery()
+        dispatch = self._dispatch = self.outbox.dispatch()
         next_replay = time.monotonic()
         while True:
             self._wakeup.clear()  # before looking: a submit or an ACK after this wakes us
-            live = delivery.next_live()
+            live = dispatch.next_live()
             if live is not None:
                 seq, snapshot = live
                 for frame in self._snapshots.frames(snapshot, seq=seq):
                     self._write(writer, frames.encode(frame))
-                delivery.sent_live(seq)
+                dispatch.sent_live(seq)
                 self.stats.batches_sent += 1
                 await writer.drain()
                 continue
             timeout: float | None = None
-            if delivery.room():
+            if dispatch.room():
                 now = time.monotonic()
                 if now < next_replay:
                     timeout = next_replay - now
-                elif (batch := delivery.next_replay()) is not None:
+                elif (batch := dispatch.next_replay()) is not None:
                     try:
                         data = frames.encode(Replay(seq=batch.seq, record=batch.payload))
                     except WireError as exc:  # over the frame limit: can never be sent
                         self.log.error("spooled batch %d cannot be sent: %s", batch.seq, exc)
-                        delivery.discard(batch.seq)
+                        dispatch.discard(batch.seq)
                         continue
                     self._write(writer, data)
-                    delivery.sent_replay(batch.seq)
+                    dispatch.sent_replay(batch.seq)
                     next_replay = max(next_replay + self._replay_interval, now - 1.0)
                     await writer.drain()
                     continue
@@ -444,8 +390,8 @@ class Tunnel:
             acked = [frame.seq for frame in incoming if isinstance(frame, Ack)]
             if acked:
                 self.stats.acked_seq = max(self.stats.acked_seq, *acked)
-                if self._delivery is not None:
-                    self._delivery.acked(acked)
+                if self._dispatch is not None:
+                    self._dispatch.acked(acked)
                 self._wakeup.set()  # room for more replays
             for frame in incoming:
                 if isinstance(frame, Ack):

@@ -12,6 +12,7 @@ from typing import Literal
 MIB = 1024 * 1024  # dcgm-exporter reports framebuffer memory in MiB
 MetricType = Literal["gauge", "counter"]
 Labels = tuple[tuple[str, str], ...]
+SeriesKey = tuple[str, Labels]  # (metric name, labels): one series of one node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

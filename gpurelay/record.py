@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-from gpurelay.model import Labels, Snapshot
+from gpurelay.model import Labels, SeriesKey, Snapshot
 from gpurelay.wire import Limits, SeriesDecl, WireError, check_series
 
 MAGIC: Final = b"GR1"
@@ -42,8 +42,6 @@ _MAX_TIMESTAMP_MS: Final = 2**62
 _MAX_REMEMBERED: Final = 200_000  # checked series keys kept by one encoder or decoder
 _HEADERS_KEPT: Final = 8  # series lists a decoder keeps, parsed
 _DEFAULT_LIMITS: Final = Limits()
-
-SeriesKey = tuple[str, Labels]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,15 +17,15 @@ from aiohttp import web
 
 from edge_agent import http_server
 from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
-from tests.agent_support import make_pipeline
-from tests.gateway_support import free_ports
+from harness.pipeline import make_pipeline
+from harness.ports import free_ports
 from tests.promtool_support import unexpected_findings
 
 
 @pytest.fixture
 async def served(tmp_path: Path):  # type: ignore[no-untyped-def]
     pipeline, _sim, clock = make_pipeline(tmp_path, gpus=2, mig=True)
-    published = http_server.Published(clock=clock)
+    published = http_server.LatestSnapshot(clock=clock)
     runner, port = await http_server.start(published, "127.0.0.1", 0)
     try:
         yield published, pipeline, f"http://127.0.0.1:{port}"
@@ -75,7 +75,7 @@ async def test_healthz_goes_unhealthy_when_collection_stalls(served) -> None:  #
 
 def test_promtool_finds_nothing_but_the_compatible_names(tmp_path: Path, promtool: Path) -> None:
     pipeline, _sim, _ = make_pipeline(tmp_path, gpus=2, mig=True)
-    published = http_server.Published()
+    published = http_server.LatestSnapshot()
     published.publish(pipeline.collection.collect())
     pipeline.close()
     for body in (published.body(False, False), gzip.decompress(published.body(False, True))):

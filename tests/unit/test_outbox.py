@@ -40,7 +40,7 @@ def test_live_first_then_backlog_oldest_first(tmp_path: Path) -> None:
     box = Outbox(Spool(tmp_path / "s.sqlite"), wall_clock=lambda: 0.001)  # seqs from 1
     for i in range(5):
         box.put(snap(i))  # the link is down: all five wait in the spool
-    d = box.delivery()
+    d = box.dispatch()
     live = d.next_live()
     assert live is not None and live[0] == 5 and live[1].timestamp == snap(4).timestamp
     d.sent_live(5)
@@ -65,7 +65,7 @@ def test_live_first_then_backlog_oldest_first(tmp_path: Path) -> None:
     d.acked([1, 2, 5, 7])
     assert box.spool is not None
     assert [b.seq for b in box.spool.pending()] == [3, 4, 6]
-    again = box.delivery()
+    again = box.dispatch()
     again.sent_live(8)  # pretend a new collection went out live on the new connection
     seqs = []
     while (b := again.next_replay()) is not None:
@@ -78,7 +78,7 @@ def test_in_flight_window_bounds_replays_not_live(tmp_path: Path) -> None:
     box = Outbox(Spool(tmp_path / "s.sqlite"), max_in_flight=2, wall_clock=lambda: 0.001)
     for i in range(6):
         box.put(snap(i))
-    d = box.delivery()
+    d = box.dispatch()
     d.sent_live(6)
     for _ in range(2):
         b = d.next_replay()
@@ -98,7 +98,7 @@ def test_full_disk_keeps_live_batches_flowing(tmp_path: Path) -> None:
     box = Outbox(Spool(tmp_path / "s.sqlite", connect=broken), wall_clock=lambda: 0.001)
     seq = box.put(snap(0))
     assert box.unspooled == 1
-    d = box.delivery()
+    d = box.dispatch()
     assert d.next_live() == (seq, snap(0))
     d.sent_live(seq)
     assert d.next_replay() is None
@@ -108,6 +108,6 @@ def test_full_disk_keeps_live_batches_flowing(tmp_path: Path) -> None:
 def test_without_a_spool_only_live_batches(tmp_path: Path) -> None:
     box = Outbox(None, wall_clock=lambda: 5.0)
     assert box.put(snap(0)) == 5000
-    d = box.delivery()
+    d = box.dispatch()
     d.sent_live(5000)
     assert d.next_replay() is None
