@@ -30,107 +30,44 @@ from __future__ import annotations
 import math
 from bisect import insort
 from collections import deque
-from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
 
-from gpurelay.model import Family, GpuInventory, Labels
+from cloud_gateway.registry_types import (
+    FB_FAMILIES,
+    NODE_LABELS,
+    Applied,
+    Connected,
+    Declared,
+    LineFormat,
+    Liveness,
+    NodeError,
+    NodeState,
+    NodeView,
+    RegistryConfig,
+    RegistryError,
+    Rejected,
+    StaleConnection,
+)
+from gpurelay.model import Family, Labels
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
-NodeState = Literal["online", "stale", "offline"]
-FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
-NODE_LABELS = ("NodeName", "Hostname")  # ACK series carry NodeName, device series Hostname
-
-
-class LineFormat(Protocol):
-    """How a series becomes an exposition line: ``prefix(name, labels) + value(v)``; the
-    registry stores the bytes and knows nothing of their format."""
-
-    def prefix(self, name: str, labels: Labels) -> bytes: ...
-
-    def value(self, value: float) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RegistryConfig:
-    stale_after_intervals: float = 3.0  # connected but silent this many intervals: stale
-    offline_grace: float = 300.0  # seconds offline before a node's series are dropped
-    max_series_per_node: int = 50_000
-    recent_errors: int = 20
-    reserved_prefixes: tuple[str, ...] = ("gpurelay_node_", "gpurelay_gateway_")
-    tracked_families: frozenset[str] = FB_FAMILIES  # for :meth:`Registry.latest`
-
-
-class RegistryError(Exception):
-    """Base of the registry's errors."""
-
-
-class StaleConnection(RegistryError):
-    """A frame on a connection that is no longer the node's current one: close it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Connected:
-    conn_id: int
-    replaced: int | None  # the node's previous live connection, which the caller closes
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    id: int
-    name: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Declared:
-    accepted: int
-    rejected: tuple[Rejected, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Applied:
-    """The outcome of one batch or replay. A duplicate was delivered before (the agent
-    sent it again): acknowledge it at once, it must leave the agent's spool too."""
-
-    seq: int
-    duplicate: bool
-    changed: int = 0  # values that differ from the previous ones
-    removed: int = 0
-    unknown: int = 0  # ids never declared on this connection (rejected ids not counted)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeError:
-    time: float
-    message: str
-
-
-class Liveness(NamedTuple):
-    name: str
-    up: bool  # connected (online or stale)
-    last_seen: float | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeView:
-    name: str
-    state: NodeState
-    connected_since: float | None
-    last_batch_time: float | None
-    last_seen: float | None
-    remote: str
-    agent_version: str
-    domain: str
-    backend: str
-    interval_seconds: float
-    gpus: tuple[GpuInventory, ...]
-    series_count: int
-    batches_received: int
-    replays_received: int
-    bytes_received: int
-    duplicates: int
-    recent_errors: tuple[NodeError, ...]
-    last_disconnect_reason: str
+__all__ = [
+    "FB_FAMILIES",
+    "NODE_LABELS",
+    "Applied",
+    "Connected",
+    "Declared",
+    "LineFormat",
+    "Liveness",
+    "NodeError",
+    "NodeState",
+    "NodeView",
+    "Registry",
+    "RegistryConfig",
+    "RegistryError",
+    "Rejected",
+    "StaleConnection",
+    "stamp_node",
+]
 
 
 def stamp_node(labels: Labels, node: str) -> Labels:
