@@ -93,6 +93,10 @@ class Gateway:
             limits=self.limits,
             remote_write=self.remote_write,
             max_queued_batches=cfg.remote_write.max_queued_batches_per_node,
+            retry_backoff=(
+                cfg.remote_write.min_backoff_seconds,
+                cfg.remote_write.max_backoff_seconds,
+            ),
         )
         self.endpoints = EndpointTable(
             is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None
@@ -117,8 +121,6 @@ class Gateway:
         self.runner: web.AppRunner | None = None
         self.ssh_port = 0
         self.http_port = 0
-        self._last_revoked: object = None
-        self._last_revalidate = 0.0
 
     async def startup(self) -> None:
         cfg = self.cfg
@@ -126,6 +128,8 @@ class Gateway:
             trusted = load_trusted_cas(cfg.ssh.user_ca)
         except (OSError, GatewayError) as exc:
             raise GatewayConfigError(f"ssh.user_ca: {exc}") from exc
+        for deprecated in cfg.remote_write.deprecated():
+            log.warning("%s", deprecated)
         token_file = cfg.remote_write.bearer_token_file
         if self.remote_write is not None and token_file is not None:
             try:  # read on every request; a missing file at start is an error, not a surprise

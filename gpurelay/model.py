@@ -1,7 +1,8 @@
 """The data model shared by every stage: metric families, samples and a snapshot.
 
-A collection produces one immutable :class:`Snapshot`; the local exporter renders it and
-(in the next stage) the encoder ships it. Nothing here does I/O.
+A collection produces one immutable :class:`Snapshot`; the agent's local exporter renders
+it, the encoder and the record codec ship it, and the gateway uses the same families,
+samples and GPU inventory. Nothing here does I/O.
 """
 
 from __future__ import annotations
