@@ -18,7 +18,6 @@ import ctypes
 import dataclasses
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,11 +26,16 @@ from pathlib import Path
 import httpx
 import pynvml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from edge_agent import simhost
 from edge_agent.app import Backend, build_pipeline
 from edge_agent.config import load
 from edge_agent.nvml.simulator import SimulatedNvml
 from gpurelay.model import SampleSink
+from harness.ports import free_ports
+from harness.process import Process
+from harness.waiting import wait_until
 
 GPUS, PROCS_PER_GPU = 8, 8
 
@@ -146,44 +150,31 @@ def in_process(cycles: int) -> None:
 
 def agent_rss() -> None:
     """Start the real agent binary and read its resident memory after it settles."""
-    port = 19400 + os.getpid() % 500
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/metrics"
     env = {**os.environ, "EDGE_AGENT_SIMULATE_PROCESSES_PER_GPU": str(PROCS_PER_GPU)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "run",
-            "--simulate",
-            str(GPUS),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--interval",
-            "0.5",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        for _ in range(20):  # let it collect and serve for a while
-            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
-            time.sleep(0.25)
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        rss = int(fields["VmRSS"].split()[0]) / 1024
-        hwm = int(fields["VmHWM"].split()[0]) / 1024
-        print(f"{'agent process RSS (run, 8 GPUs)':<34} {rss:7.1f} MB   (peak {hwm:.1f} MB)")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    argv = ["-m", "edge_agent", "run", "--simulate", str(GPUS), "--listen", f"127.0.0.1:{port}"]
+    with tempfile.TemporaryDirectory(prefix="agent-rss-") as tmp:
+        agent = Process(
+            "agent", [sys.executable, *argv, "--interval", "0.5"], Path(tmp) / "agent.log", env
+        )
+        agent.start()
+        try:
+            wait_until(
+                lambda: httpx.get(url, timeout=1).status_code == 200,
+                30,
+                "the agent's /metrics",
+                poll=0.1,
+                alive=(agent,),
+            )
+            for _ in range(20):  # let it collect and serve for a while
+                httpx.get(url, timeout=2)
+                time.sleep(0.25)
+            memory = agent.sample()
+        finally:
+            agent.stop()
+    rss, peak = memory.rss_kib / 1024, memory.peak_rss_kib / 1024
+    print(f"{'agent process RSS (run, 8 GPUs)':<34} {rss:7.1f} MB   (peak {peak:.1f} MB)")
 
 
 def main() -> None:

@@ -35,14 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import os
 import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,17 +53,17 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cloud_gateway.config import GatewayConfig
-from cloud_gateway.config import load as load_gateway_config
 from edge_agent import __version__
-from edge_agent.config import GatewayConfig as AgentGatewayConfig
+from edge_agent.config import TunnelConfig
 from edge_agent.tunnel import Tunnel, TunnelStats
 from gpurelay.model import GpuInventory, Snapshot
 from gpurelay.wire import Hello
-from tests.agent_support import simulated_snapshots
-from tests.gateway_support import TOKEN, Pki, free_ports, gateway_config, make_pki
+from harness.fleet import TOKEN, Pki, make_pki
+from harness.pipeline import simulated_snapshots
+from harness.process import HarnessError, ProcSample
+from harness.services import GatewayProc
+from harness.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 SEED = 7
 DATA_STEP = 10.0  # simulated seconds between two collections (the agent's default interval)
 TIMESTAMP_JITTER = 0.02  # a real collection loop starts a few ms late; so do these stamps
@@ -86,119 +84,7 @@ def make_snapshots(gpus: int, processes_per_gpu: int, count: int) -> list[Snapsh
     )
 
 
-# --- the gateway process ---------------------------------------------------------------------
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str | Path):
-        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-def gateway_toml(cfg: GatewayConfig) -> str:
-    """``cfg`` as the TOML file ``cloud-gateway run --config`` reads (None: left out)."""
-    top: list[str] = []
-    tables: list[str] = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            tables.append(f"\n[{f.name}]")
-            for sub in dataclasses.fields(value):
-                item = getattr(value, sub.name)
-                if item is not None:
-                    tables.append(f"{sub.name} = {_toml_value(item)}")
-        elif value is not None:
-            top.append(f"{f.name} = {_toml_value(value)}")
-    return "\n".join(top + tables) + "\n"
-
-
-@dataclass(frozen=True)
-class ProcSample:
-    cpu_seconds: float  # utime + stime, all threads
-    rss_kib: int
-
-
-class ServiceProcess:
-    """One of our binaries as its own process (so its CPU can be measured on its own)."""
-
-    name = "process"
-
-    def __init__(self, argv: list[str], log: Path, env_prefix: str) -> None:
-        self.argv = argv
-        self.log = log
-        self.env_prefix = env_prefix  # variables that would change its config are dropped
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._tick = os.sysconf("SC_CLK_TCK")
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(self.env_prefix)}
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", *self.argv],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise BenchError(f"the {self.name} exited with status {self.proc.returncode}")
-
-    def sample(self) -> ProcSample:
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        rest = stat[stat.rindex(")") + 2 :].split()  # fields from 3 on; comm may hold spaces
-        utime, stime = int(rest[14 - 3]), int(rest[15 - 3])
-        rss = 0
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-        return ProcSample((utime + stime) / self._tick, rss)
-
-    def cpu(self) -> float:
-        return self.sample().cpu_seconds
-
-    def stop(self) -> int | None:
-        """SIGTERM, wait (the gateway drains for ``drain_seconds``), SIGKILL if it hangs."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                print(f"{self.name} ignored SIGTERM for 15 s: killing it", file=sys.stderr)
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class GatewayProcess(ServiceProcess):
-    name = "gateway"
-
-    def __init__(self, config: Path, log: Path, http_port: int) -> None:
-        super().__init__(["cloud_gateway", "run", "--config", str(config)], log, "CLOUD_GATEWAY_")
-        self.config = config
-        self.url = f"http://127.0.0.1:{http_port}"
+# --- the gateway ------------------------------------------------------------------------------
 
 
 class BenchError(Exception):
@@ -312,7 +198,7 @@ def make_nodes(
     for k in range(count):
         name = f"bench-node-{k:04d}"
         creds = pki.node(name)
-        cfg = AgentGatewayConfig(
+        cfg = TunnelConfig(
             address=f"127.0.0.1:{ssh_port}",
             known_hosts=pki.ca.known_hosts,
             key=creds.private_key,
@@ -391,7 +277,7 @@ class Window:
     bench_cpu: float = 0.0
 
 
-async def take(gw: GatewayProcess, client: GatewayClient, nodes: Sequence[Node]) -> Window:
+async def take(gw: GatewayProc, client: GatewayClient, nodes: Sequence[Node]) -> Window:
     batches = await client.batches()
     cpu = gw.sample()  # right after the count: the window holds one API read, no more
     return Window(
@@ -405,21 +291,6 @@ async def take(gw: GatewayProcess, client: GatewayClient, nodes: Sequence[Node])
     )
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float,
-    what: str,
-    gw: GatewayProcess,
-    poll: float = 0.1,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        gw.check_alive()
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
-        await asyncio.sleep(poll)
-
-
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -429,16 +300,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     timeline = make_snapshots(args.gpus, args.processes_per_gpu, args.spread + per_node)
     series = len(timeline[0].samples)
     pki = make_pki(tmp)
-    ssh_port, http_port = free_ports(2)
-    cfg = gateway_config(pki, ssh_port=ssh_port)
-    cfg = dataclasses.replace(
-        cfg, log_level="info", http=dataclasses.replace(cfg.http, listen=f"127.0.0.1:{http_port}")
-    )
-    config_path = tmp / "gateway.toml"
-    config_path.write_text(gateway_toml(cfg))
-    if load_gateway_config(config_path, {}) != cfg:
-        raise BenchError(f"{config_path} does not read back as the config it was written from")
-    nodes = make_nodes(pki, args.nodes, ssh_port, args.spread, timeline[0].gpus, args.interval)
+    gw = GatewayProc(pki, tmp, log_level="info")
+    nodes = make_nodes(pki, args.nodes, gw.ssh_port, args.spread, timeline[0].gpus, args.interval)
     setup_seconds = time.monotonic() - t_setup
 
     print(
@@ -450,25 +313,17 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     print(
         f"       measurement window {args.seconds:g} s after {args.warmup} warm-up batches per "
         f"node; idle window {args.idle_seconds:g} s; gateway pid in its own process, "
-        f"SSH 127.0.0.1:{ssh_port}, HTTP 127.0.0.1:{http_port}; PKI, certificates and "
+        f"SSH 127.0.0.1:{gw.ssh_port}, HTTP 127.0.0.1:{gw.http_port}; PKI, certificates and "
         f"data prepared in {setup_seconds:.1f} s"
     )
 
-    gw = GatewayProcess(config_path, tmp / "gateway.log", http_port)
     client = GatewayClient(gw.url)
     try:
         gw.start()
-        deadline = time.monotonic() + 30
-        while not await client.ready():
-            gw.check_alive()
-            if time.monotonic() > deadline:
-                raise BenchError("the gateway did not become ready within 30 s")
-            await asyncio.sleep(0.1)
+        await wait_for(client.ready, 30, "the gateway to be ready", poll=0.1, alive=(gw,))
         await measure(args, gw, client, nodes, timeline)
     except BaseException:
-        tail = gw.log_tail()
-        if tail:
-            print(f"--- gateway log ({gw.log}), last lines ---\n{tail}", file=sys.stderr)
+        print(gw.tail(20), file=sys.stderr)
         raise
     finally:
         await stop_agents(nodes)
@@ -488,7 +343,7 @@ async def stop_agents(nodes: Sequence[Node]) -> None:
 
 async def measure(
     args: argparse.Namespace,
-    gw: GatewayProcess,
+    gw: GatewayProc,
     client: GatewayClient,
     nodes: list[Node],
     timeline: Sequence[Snapshot],
@@ -500,21 +355,19 @@ async def measure(
     t0 = time.monotonic()
     for node in nodes:
         node.task = asyncio.create_task(node.tunnel.run(), name=f"tunnel {node.name}")
-    await wait_until(
+    await wait_for(
         lambda: all(node.stats.connected for node in nodes),
         CONNECT_TIMEOUT,
         f"all {n} nodes to connect",
-        gw,
+        poll=0.1,
+        alive=(gw,),
     )
     connect_seconds = time.monotonic() - t0
-    channels = 0.0
-    deadline = time.monotonic() + 10
-    while channels != n:  # the gauge is refreshed by the gateway's 1 s tick
-        gw.check_alive()
-        if time.monotonic() > deadline:
-            raise BenchError(f"the gateway reports {channels:.0f} channels, not {n}")
-        await asyncio.sleep(0.25)
-        channels = metric(await client.metrics(), "gpurelay_gateway_channels")
+
+    async def every_channel() -> bool:  # the gauge is refreshed by the gateway's 1 s tick
+        return metric(await client.metrics(), "gpurelay_gateway_channels") == n
+
+    await wait_for(every_channel, 10, f"the gateway to count {n} channels", poll=0.25, alive=(gw,))
     await asyncio.sleep(SETTLE_SECONDS)
     connects = sum(node.stats.connects for node in nodes)
     print(f"connect: {n} nodes connected in {connect_seconds:.1f} s ({connects} connects)")
@@ -534,11 +387,12 @@ async def measure(
             send_loop(node, timeline, args.interval, first_at + phase, seed=k),
             name=f"sender {node.name}",
         )
-    await wait_until(
+    await wait_for(
         lambda: min(node.stats.batches_sent for node in nodes) >= 1 + args.warmup,
         (args.warmup + 2) * args.interval + 60,
         f"every node to send {1 + args.warmup} batches",
-        gw,
+        poll=0.1,
+        alive=(gw,),
     )
 
     # 4. measurement window
@@ -550,11 +404,12 @@ async def measure(
     for node in nodes:
         if node.sender is not None:
             node.sender.cancel()
-    await wait_until(
+    await wait_for(
         lambda: all(len(node.stats.acked_at) >= node.stats.batches_sent for node in nodes),
         DRAIN_TIMEOUT,
         "the last acknowledgements",
-        gw,
+        poll=0.1,
+        alive=(gw,),
     )
     await asyncio.sleep(1.2)  # one gateway tick: its own counters catch up
     text = await client.metrics()
@@ -709,7 +564,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gateway-ingest-") as tmp:
         try:
             asyncio.run(run(args, Path(tmp)))
-        except (BenchError, httpx.HTTPError) as exc:
+        except (BenchError, HarnessError, httpx.HTTPError) as exc:
             print(f"gateway_ingest: error: {exc}", file=sys.stderr)
             return 1
     print(f"total run time {time.monotonic() - started:.0f} s")

@@ -1,6 +1,6 @@
 """Gateway /metrics cost for 1,000 nodes x 8 GPUs (default counters plus process series).
 
-One simulated 8-GPU node (tests/agent_support.make_pipeline) is collected twice (10 s
+One simulated 8-GPU node (harness/pipeline.make_pipeline) is collected twice (10 s
 apart); its samples are replayed as 1,000 nodes (own node names, GPU UUIDs, container
 ids and slightly different values) through Declare/Batch frames into the Registry.
 
@@ -37,7 +37,7 @@ from cloud_gateway.exposition import Exposition
 from cloud_gateway.registry import Registry, stamp_node
 from gpurelay.model import Labels, Sample, Snapshot
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
-from tests.agent_support import make_pipeline
+from harness.pipeline import make_pipeline
 
 GPUS = 8
 WARMUP = 3  # untimed runs ahead of the timed ones

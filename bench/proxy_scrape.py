@@ -1,7 +1,7 @@
 """Scrape latency through the gateway's forward proxy vs direct, and gateway CPU per scrape.
 
 Setup: a throwaway fleet PKI; the gateway (``python -m cloud_gateway run --config FILE``,
-as ``bench/gateway_ingest.py`` starts it) and one agent (``python -m edge_agent run
+:class:`harness.services.GatewayProc`) and one agent (``python -m edge_agent run
 --config FILE --simulate 8``, pushing to the gateway and publishing its own exporter) run
 as their own processes on loopback; this process is the scraper (httpx, one keep-alive
 connection per client, Prometheus' request headers: OpenMetrics preferred, gzip).
@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,17 +43,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gateway_ingest import (
-    BenchError,
-    GatewayProcess,
-    ServiceProcess,
-    gateway_toml,
-    pct,
-)
-from cloud_gateway.config import load as load_gateway_config
-from tests.gateway_support import TOKEN, Pki, free_ports, gateway_config, make_pki
+from bench.gateway_ingest import BenchError, pct
+from harness.fleet import TOKEN, Pki, make_pki
+from harness.ports import free_ports
+from harness.process import HarnessError, Process, clean_env
+from harness.services import GatewayProc
+from harness.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
 NODE = "edge-bench"
 PING_NODE = "edge-bench-ping"
 # What Prometheus 2.x sends with every scrape.
@@ -68,12 +63,9 @@ SCRAPE_HEADERS = {
 START_TIMEOUT = 30.0
 
 
-class AgentProcess(ServiceProcess):
-    name = "agent"
-
-    def __init__(self, config: Path, log: Path, gpus: int) -> None:
-        argv = ["edge_agent", "run", "--config", str(config), "--simulate", str(gpus)]
-        super().__init__(argv, log, "EDGE_AGENT_")
+def agent_process(config: Path, log: Path, gpus: int) -> Process:
+    argv = ["-m", "edge_agent", "run", "--config", str(config), "--simulate", str(gpus)]
+    return Process("agent", [sys.executable, *argv], log, clean_env("EDGE_AGENT_"))
 
 
 def agent_toml(pki: Pki, listen_port: int, ssh_port: int) -> str:
@@ -108,13 +100,13 @@ def timed_loop(
     client: httpx.Client,
     url: str,
     count: int,
-    gw: GatewayProcess,
-    agent: AgentProcess,
+    gw: Process,
+    agent: Process,
     expect: str = "",
 ) -> Loop:
     latencies = []
     body = wire = 0
-    gw_cpu0, agent_cpu0, t0 = gw.sample().cpu_seconds, agent.cpu(), time.monotonic()
+    gw_cpu0, agent_cpu0, t0 = gw.sample().cpu_seconds, agent.sample().cpu_seconds, time.monotonic()
     own_cpu0 = time.process_time()
     for _ in range(count):
         start = time.perf_counter()
@@ -128,7 +120,7 @@ def timed_loop(
         latencies,
         wall,
         gw.sample().cpu_seconds - gw_cpu0,
-        agent.cpu() - agent_cpu0,
+        agent.sample().cpu_seconds - agent_cpu0,
         time.process_time() - own_cpu0,
         body,
         wire,
@@ -153,23 +145,6 @@ async def ssh_pings(pki: Pki, ssh_port: int, count: int, warmup: int) -> list[fl
             if i >= warmup:
                 out.append((time.perf_counter() - start) * 1000)
         return out
-
-
-def wait_until(
-    predicate: Callable[[], bool], what: str, alive: Sequence[Callable[[], None]]
-) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        for check in alive:
-            check()
-        try:
-            if predicate():
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {START_TIMEOUT:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -267,22 +242,12 @@ def report(
 
 def run(args: argparse.Namespace, tmp: Path) -> None:
     pki = make_pki(tmp)
-    ssh_port, http_port, agent_port = free_ports(3)
-    cfg = gateway_config(pki, ssh_port=ssh_port)
-    cfg = dataclasses.replace(
-        cfg,
-        log_level="warning",
-        http=dataclasses.replace(cfg.http, listen=f"127.0.0.1:{http_port}"),
-    )
-    gw_config = tmp / "gateway.toml"
-    gw_config.write_text(gateway_toml(cfg))
-    if load_gateway_config(gw_config, {}) != cfg:
-        raise BenchError(f"{gw_config} does not read back as the config it was written from")
+    gw = GatewayProc(pki, tmp, log_level="warning")
+    ssh_port, http_port = gw.ssh_port, gw.http_port
+    (agent_port,) = free_ports(1)
     agent_config = tmp / "agent.toml"
     agent_config.write_text(agent_toml(pki, agent_port, ssh_port))
-
-    gw = GatewayProcess(gw_config, tmp / "gateway.log", http_port)
-    agent = AgentProcess(agent_config, tmp / "agent.log", args.gpus)
+    agent = agent_process(agent_config, tmp / "agent.log", args.gpus)
     target = f"http://{NODE}:{agent_port}"
     direct_base = f"http://127.0.0.1:{agent_port}"
     try:
@@ -297,21 +262,27 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
                 proxy=f"http://prometheus:{TOKEN}@127.0.0.1:{http_port}",
             ) as proxied,
         ):
-            alive = (gw.check_alive, agent.check_alive)
+            alive = (gw, agent)
             wait_until(
                 lambda: httpx.get(f"{gw.url}/readyz", trust_env=False).status_code == 200,
+                START_TIMEOUT,
                 "the gateway to be ready",
-                alive,
+                poll=0.1,
+                alive=alive,
             )
             wait_until(
                 lambda: "DCGM_FI_DEV_GPU_UTIL" in direct.get(f"{direct_base}/metrics").text,
+                START_TIMEOUT,
                 "the agent's first collection",
-                alive,
+                poll=0.1,
+                alive=alive,
             )
             wait_until(
                 lambda: proxied.get(f"{target}/healthz").status_code == 200,
+                START_TIMEOUT,
                 f"{NODE}:{agent_port} to be published through the gateway",
-                alive,
+                poll=0.1,
+                alive=alive,
             )
             for _ in range(args.warmup):
                 direct.get(f"{direct_base}/metrics")
@@ -337,9 +308,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
             pings = []
         report(args, direct_loop, proxied_loop, tiny_direct, tiny_proxied, idle, pings)
     except BaseException:
-        for name, tail in (("gateway", gw.log_tail()), ("agent", agent.log_tail())):
-            if tail:
-                print(f"--- {name} log, last lines ---\n{tail}", file=sys.stderr)
+        for proc in (gw, agent):
+            print(proc.tail(20), file=sys.stderr)
         raise
     finally:
         agent.stop()
@@ -363,7 +333,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="proxy-scrape-") as tmp:
         try:
             run(args, Path(tmp))
-        except (BenchError, httpx.HTTPError) as exc:
+        except (BenchError, HarnessError, httpx.HTTPError) as exc:
             print(f"proxy_scrape: error: {exc}", file=sys.stderr)
             return 1
     print(f"total run time {time.monotonic() - started:.0f} s")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import statistics
 import sys
@@ -31,20 +30,23 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gateway_ingest import BenchError, GatewayProcess, gateway_toml
-from edge_agent.config import GatewayConfig as AgentGatewayConfig
+from bench.gateway_ingest import BenchError
+from edge_agent.config import TunnelConfig
 from edge_agent.tunnel import Tunnel
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.wire import Hello
-from tests.gateway_support import free_ports, gateway_config, make_pki
+from harness.fleet import make_pki
+from harness.process import HarnessError
+from harness.services import GatewayProc
+from harness.waiting import wait_for
 
 FAMILY = Family(name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help="util")
 READY_TIMEOUT = 60.0  # a fresh gateway process: imports, host key, listeners
 
 
 class StormError(BenchError):
-    """The storm could not be measured: agents did not come back, or no gateway was ready.
-    (A gateway process that exits on its own raises BenchError.)"""
+    """The storm could not be measured: agents did not come back, no gateway was ready, or
+    the gateway process exited on its own."""
 
 
 @dataclass(frozen=True)
@@ -112,36 +114,42 @@ def _back(tunnel: Tunnel, since: float) -> bool:
     return tunnel.stats.connected and tunnel.stats.connected_since >= since
 
 
+def _log(gateway: GatewayProc) -> str:
+    """The gateway's log tail, unless it has exited (the error then already holds it)."""
+    return "\n" + gateway.tail() if gateway.running() else ""
+
+
 async def wait_all(
-    tunnels: list[Tunnel], gateway: GatewayProcess, *, since: float, timeout: float
+    tunnels: list[Tunnel], gateway: GatewayProc, *, since: float, timeout: float
 ) -> list[float]:
     """Per tunnel, how long after ``since`` (wall clock, like ``connected_since``) it was
     connected; raises StormError when some are not connected within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(_back(t, since) for t in tunnels):
-            return [t.stats.connected_since - since for t in tunnels]
-        gateway.check_alive()
-        await asyncio.sleep(0.05)
-    missing = sum(1 for t in tunnels if not _back(t, since))
-    raise StormError(
-        f"{missing} of {len(tunnels)} agents did not come back within {timeout:g}s; "
-        "gateway log:\n" + gateway.log_tail()
-    )
+    try:
+        await wait_for(
+            lambda: all(_back(t, since) for t in tunnels),
+            timeout,
+            "every agent to be connected",
+            alive=(gateway,),
+        )
+    except HarnessError as exc:
+        missing = sum(1 for t in tunnels if not _back(t, since))
+        raise StormError(
+            f"{missing} of {len(tunnels)} agents did not come back within {timeout:g}s: "
+            f"{exc}{_log(gateway)}"
+        ) from exc
+    return [t.stats.connected_since - since for t in tunnels]
 
 
-async def wait_ready(gateway: GatewayProcess, timeout: float = READY_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_ready(gateway: GatewayProc, timeout: float = READY_TIMEOUT) -> None:
     async with httpx.AsyncClient(timeout=5.0) as client:
-        while time.monotonic() < deadline:
-            gateway.check_alive()
-            try:
-                if (await client.get(gateway.url + "/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise StormError("the gateway did not become ready: " + gateway.log_tail())
+
+        async def ready() -> bool:
+            return (await client.get(gateway.url + "/readyz")).status_code == 200
+
+        try:
+            await wait_for(ready, timeout, "the gateway to be ready", poll=0.1, alive=(gateway,))
+        except HarnessError as exc:
+            raise StormError(f"{exc}{_log(gateway)}") from exc
 
 
 def _constant(hello: Hello) -> Callable[[], Hello]:
@@ -159,19 +167,11 @@ async def run_storm(nodes: int, backoff: float, tmp: Path, *, timeout: float) ->
     names = [f"edge-{i:04d}" for i in range(nodes)]
     creds = [pki.node(name) for name in names]
     certificate_seconds = time.monotonic() - started
-    ssh_port, http_port = free_ports(2)
-    cfg = gateway_config(pki, ssh_port=ssh_port)
-    cfg = dataclasses.replace(
-        cfg,
-        drain_seconds=1.0,
-        http=dataclasses.replace(cfg.http, listen=f"127.0.0.1:{http_port}"),
-    )
-    config = tmp / "gateway.toml"
-    config.write_text(gateway_toml(cfg))
-    gateway = GatewayProcess(config, tmp / "gateway.log", http_port)
+    gateway = GatewayProc(pki, tmp)  # drain_seconds 1.0
+    ssh_port = gateway.ssh_port
     tunnels: list[Tunnel] = []
     for name, c in zip(names, creds, strict=True):
-        gw_cfg = AgentGatewayConfig(
+        gw_cfg = TunnelConfig(
             address=f"127.0.0.1:{ssh_port}",
             known_hosts=pki.ca.known_hosts,
             key=c.private_key,
@@ -252,7 +252,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="storm-") as tmp_name:
         try:
             result = await run_storm(args.nodes, args.backoff, Path(tmp_name), timeout=args.timeout)
-        except BenchError as exc:
+        except (BenchError, HarnessError) as exc:
             raise SystemExit(str(exc)) from None
     for line in result.lines():
         print("  " + line)

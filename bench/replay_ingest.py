@@ -45,7 +45,7 @@ from cloud_gateway.remote_write import (
 )
 from gpurelay.record import Record, RecordDecoder, RecordEncoder
 from gpurelay.wire import Ack, Frame, Hello, Replay
-from tests.agent_support import simulated_snapshots
+from harness.pipeline import simulated_snapshots
 
 NODE = "edge-bench"
 URL = "http://receiver.invalid/api/v1/write"

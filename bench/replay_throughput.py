@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import shutil
 import sys
 import tempfile
@@ -26,18 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_agent.spool import Spool
 from gpurelay.record import RecordEncoder
-from tests.agent_support import simulated_snapshots
-from tests.fault_support import AgentProc, GatewayProc, Receiver, wait_until
-from tests.gateway_support import make_pki
+from harness.fleet import make_pki
+from harness.pipeline import simulated_snapshots
+from harness.prometheus import Receiver
+from harness.services import AgentProc, GatewayProc
+from harness.waiting import wait_until
 
 NODE = "edge-bench"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all threads), from /proc."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    rest = stat[stat.rindex(")") + 2 :].split()  # fields from 3 on
-    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fill_spool(path: Path, batches: int, node: str, step: float) -> tuple[int, int]:
@@ -100,8 +94,7 @@ def main() -> None:
             wait_until(receiver.ready, 60, "prometheus")
             gateway = GatewayProc(pki, tmp, receiver.url)
             gateway.start()
-            wait_until(gateway.ready, 60, "gateway")
-            assert gateway.proc is not None
+            wait_until(gateway.ready, 60, "gateway", alive=(gateway,))
             agent = AgentProc(
                 pki,
                 tmp,
@@ -111,7 +104,7 @@ def main() -> None:
                 replay_rate=args.rate,
                 max_in_flight=args.in_flight,
             )
-            cpu0 = cpu_seconds(gateway.proc.pid)
+            cpu0 = gateway.sample().cpu_seconds
             started = time.monotonic()
             agent.start()
             wait_until(
@@ -122,9 +115,10 @@ def main() -> None:
                 600,
                 "the backlog to drain",
                 poll=0.1,
+                alive=(gateway, agent),
             )
             elapsed = time.monotonic() - started
-            cpu = cpu_seconds(gateway.proc.pid) - cpu0
+            cpu = gateway.sample().cpu_seconds - cpu0
             print(
                 f"  drained in {elapsed:.1f}s (agent start included): "
                 f"{args.batches / elapsed:.0f} batches/s, "

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from edge_agent.encode import SnapshotEncoder
 from gpurelay.model import Snapshot
 from gpurelay.wire import Batch, Declare, FrameDecoder, FrameEncoder, Hello
-from tests.agent_support import simulated_snapshots
+from harness.pipeline import simulated_snapshots
 
 SEED = 7
 

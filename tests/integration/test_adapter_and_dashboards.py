@@ -30,14 +30,8 @@ import pytest
 import yaml
 
 from edge_agent import simhost
-from tests.gateway_support import (
-    agent_config,
-    gateway_config,
-    make_pki,
-    running_agent,
-    running_gateway,
-    wait_for,
-)
+from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
+from harness.waiting import wait_for
 from tests.integration.test_prometheus_e2e import (  # the real-Prometheus helpers
     GATEWAY,
     UNIFIED_JOB,

@@ -16,15 +16,15 @@ from aiohttp import web
 
 from cloud_gateway.config import RemoteWriteSection
 from edge_agent.config import SpoolConfig
-from tests.gateway_support import (
+from harness.fleet import (
     agent_config,
     gateway_config,
     make_pki,
     metrics_text,
     running_agent,
     running_gateway,
-    wait_for,
 )
+from harness.waiting import wait_for
 from tests.promtool_support import unexpected_findings
 from tests.unit.test_remote_write import decode_write_request
 

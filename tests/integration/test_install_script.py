@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import load
-from tests.gateway_support import Pki, make_pki
+from harness.fleet import Pki, make_pki
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "install-edge-agent.sh"

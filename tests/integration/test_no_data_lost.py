@@ -3,7 +3,7 @@
 The agent collects every second (2 simulated GPUs); the gateway remote-writes every sample
 to a real Prometheus started with ``--web.enable-remote-write-receiver`` and an
 ``out_of_order_time_window``. After each fault the TSDB must hold a sample of every series
-at every collection, counted exactly (tests/fault_support.completeness).
+at every collection, counted exactly (harness/prometheus.completeness).
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fault_support import AgentProc, GatewayProc, Process, Receiver, completeness, wait_until
-from tests.gateway_support import TOKEN, Pki, make_pki
+from harness.fleet import TOKEN, Pki, make_pki
+from harness.process import Process
+from harness.prometheus import Receiver, completeness
+from harness.services import AgentProc, GatewayProc
+from harness.waiting import wait_until
 
 NODE = "edge-a"
 OUTAGE_SECONDS = 60

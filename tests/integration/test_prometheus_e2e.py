@@ -24,17 +24,17 @@ import httpx
 import pytest
 
 from edge_agent.config import PublishConfig
-from tests.gateway_support import (
+from harness.fleet import (
     TOKEN,
     agent_config,
     fake_exporter,
-    free_ports,
     gateway_config,
     make_pki,
     running_agent,
     running_gateway,
-    wait_for,
 )
+from harness.ports import free_ports
+from harness.waiting import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 # Every Prometheus config shipped there goes through `promtool check config` below.

@@ -10,7 +10,7 @@ import httpx
 from aiohttp import web
 
 from edge_agent.config import PublishConfig
-from tests.gateway_support import (
+from harness.fleet import (
     TOKEN,
     agent_config,
     fake_exporter,
@@ -18,8 +18,8 @@ from tests.gateway_support import (
     make_pki,
     running_agent,
     running_gateway,
-    wait_for,
 )
+from harness.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -38,7 +38,7 @@ from cloud_gateway.remote_write import (
 from edge_agent import tunnel
 from edge_agent.config import SpoolConfig
 from gpurelay.model import Family
-from tests.fault_support import running_receiver
+from harness.prometheus import running_receiver
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter, Series
-from tests.fault_support import running_receiver
+from harness.prometheus import running_receiver
 
 CONFIG = """\
 global:

@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from edge_agent import app
+from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
+from harness.waiting import wait_for
 from tests.conftest import small_tmpfs
-from tests.gateway_support import (
-    agent_config,
-    gateway_config,
-    make_pki,
-    running_agent,
-    running_gateway,
-    wait_for,
-)
 
 
 def fill(path: Path) -> int:

@@ -16,8 +16,7 @@ from cloud_gateway import certs
 from cloud_gateway.nodes_cli import run_nodes
 from edge_agent.tunnel import Tunnel
 from gpurelay.wire import SUBSYSTEM, ErrorFrame, FrameDecoder
-from tests.agent_support import make_pipeline
-from tests.gateway_support import (
+from harness.fleet import (
     TOKEN,
     agent_config,
     auth_failures,
@@ -26,9 +25,10 @@ from tests.gateway_support import (
     metrics_text,
     running_agent,
     running_gateway,
-    wait_for,
     with_port,
 )
+from harness.pipeline import make_pipeline
+from harness.waiting import wait_for
 from tests.promtool_support import unexpected_findings
 
 

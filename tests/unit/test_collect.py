@@ -15,7 +15,7 @@ from edge_agent.config import load
 from edge_agent.nvml.backend import explain_init_failure
 from edge_agent.nvml.simulator import SimulatedNvml
 from gpurelay.model import Snapshot
-from tests.agent_support import make_pipeline
+from harness.pipeline import make_pipeline
 
 
 def value(snap: Snapshot, name: str, **labels: str) -> float | None:

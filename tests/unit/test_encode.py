@@ -21,7 +21,7 @@ from gpurelay.wire import (
     Limits,
     SeriesDecl,
 )
-from tests.agent_support import FIXED_TIME, make_pipeline
+from harness.pipeline import FIXED_TIME, make_pipeline
 
 TEMP = Family(name="DCGM_FI_DEV_GPU_TEMP", type="gauge", help="GPU temperature (in C).")
 ENERGY = Family(name="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", type="counter", help="Energy (mJ).")

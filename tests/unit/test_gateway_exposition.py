@@ -16,7 +16,7 @@ from cloud_gateway.registry import Registry, RegistryConfig, stamp_node
 from gpurelay.exposition import format_labels, format_value, openmetrics_header, text_header
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
-from tests.agent_support import make_pipeline
+from harness.pipeline import make_pipeline
 from tests.promtool_support import unexpected_findings
 
 T0 = 1_790_000_000.0

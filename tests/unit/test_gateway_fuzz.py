@@ -26,7 +26,7 @@ from gpurelay.wire import (
     SeriesDecl,
     WireError,
 )
-from tests.agent_support import make_pipeline
+from harness.pipeline import make_pipeline
 
 
 def _valid_stream(tmp: Path) -> bytes:

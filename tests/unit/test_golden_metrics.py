@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from gpurelay.exposition import render_text
-from tests.agent_support import make_pipeline
+from harness.pipeline import make_pipeline
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "metrics-seed7-2gpu-mig.prom"
 

@@ -12,7 +12,7 @@ import pytest
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.record import MAGIC, RecordDecoder, RecordEncoder, decode_record
 from gpurelay.wire import Limits, WireError
-from tests.agent_support import simulated_snapshots
+from harness.pipeline import simulated_snapshots
 
 FAM = (Family(name="temp", type="gauge", help="t"),)
 

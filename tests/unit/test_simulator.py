@@ -14,7 +14,7 @@ import pytest
 
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.simulator import SimulatedNvml
-from tests.agent_support import FakeClock
+from harness.pipeline import FakeClock
 
 T0 = 1_700_000_000.0
 MIB = 1 << 20

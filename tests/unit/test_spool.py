@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from edge_agent.spool import Spool, SpooledBatch, SpoolLimits
-from tests.agent_support import FakeClock
+from harness.pipeline import FakeClock
 
 
 @pytest.fixture

@@ -1,14 +1,13 @@
-"""Real gateways and agents on loopback with a throwaway fleet PKI."""
+"""A throwaway fleet on loopback: its PKI, gateway and agent configs, and both run in this
+process (``running_gateway``, ``running_agent``); :mod:`harness.services` runs them as
+processes instead."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import socket
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,7 @@ from cloud_gateway import certs
 from cloud_gateway.app import Gateway
 from cloud_gateway.config import GatewayConfig, HttpConfig, RegistryConfig, SshConfig
 from edge_agent.app import Agent
-from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig
-from edge_agent.config import GatewayConfig as AgentGatewayConfig
+from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig, TunnelConfig
 
 TOKEN = "test-operator-token"
 
@@ -35,15 +33,6 @@ class Pki:
         return certs.issue_node(self.ca.dir, name, **kwargs)  # type: ignore[arg-type]
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (bound to port 0 together, then released)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-
-
 def make_pki(tmp: Path) -> Pki:
     ca = certs.init_ca(tmp / "ca")
     gw = certs.issue_gateway(ca.dir, "localhost", extra_names=["127.0.0.1"])
@@ -51,7 +40,11 @@ def make_pki(tmp: Path) -> Pki:
     return Pki(ca=ca, gateway_key=gw.private_key)
 
 
-def gateway_config(pki: Pki, *, ssh_port: int = 0, **registry: float) -> GatewayConfig:
+def gateway_config(
+    pki: Pki, *, ssh_port: int = 0, http_port: int = 0, **registry: float
+) -> GatewayConfig:
+    """A gateway on loopback (port 0: any free port), trusting the fleet's user CA and
+    accepting the operator token TOKEN."""
     return GatewayConfig(
         drain_seconds=1.0,
         ssh=SshConfig(
@@ -60,7 +53,7 @@ def gateway_config(pki: Pki, *, ssh_port: int = 0, **registry: float) -> Gateway
             user_ca=pki.ca.user_ca_pub,
             revocation_file=pki.ca.revocations,
         ),
-        http=HttpConfig(listen="127.0.0.1:0", tokens=(TOKEN,)),
+        http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
         registry=RegistryConfig(**registry),
     )
 
@@ -100,7 +93,7 @@ def agent_config(
         interval_seconds=0.2,
         process_interval_seconds=0.2,
         simulate=SimulateConfig(gpus=gpus, seed=3),
-        gateway=AgentGatewayConfig(
+        gateway=TunnelConfig(
             address=f"127.0.0.1:{gateway.ssh_port}",
             known_hosts=pki.ca.known_hosts,
             key=creds.private_key,
@@ -131,14 +124,6 @@ def with_port(cfg: GatewayConfig, ssh_port: int) -> GatewayConfig:
     return dataclasses.replace(
         cfg, ssh=dataclasses.replace(cfg.ssh, listen=f"127.0.0.1:{ssh_port}")
     )
-
-
-async def wait_for(predicate: Callable[[], object], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.05)
 
 
 async def metrics_text(gateway: Gateway) -> str:

@@ -1,0 +1,138 @@
+"""A real Prometheus as remote-write receiver, and the check that its TSDB holds every
+collection of every series of a node."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from harness.ports import free_ports
+from harness.process import Process
+from harness.waiting import wait_until
+
+RECEIVER_CONFIG = """\
+global:
+  scrape_interval: 1h
+storage:
+  tsdb:
+    out_of_order_time_window: 2h
+"""
+
+
+class Receiver(Process):
+    """Prometheus with --web.enable-remote-write-receiver and (by default) an out-of-order
+    window; ``config`` is the text of its prometheus.yml, or a file to use as it is."""
+
+    def __init__(self, binary: Path, tmp: Path, config: str | Path = RECEIVER_CONFIG) -> None:
+        if isinstance(config, str):
+            (tmp / "prometheus.yml").write_text(config)
+            config = tmp / "prometheus.yml"
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            "prometheus",
+            [
+                str(binary),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-remote-write-receiver",
+            ],
+            tmp / "prometheus.log",
+        )
+
+    def ready(self) -> bool:
+        self.check_alive()
+        return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+
+    def raw(self, selector: str, *, window_s: int, at: float) -> dict[str, list[tuple[int, float]]]:
+        """Every raw sample of the matching series in the ``window_s`` before ``at``."""
+        resp = httpx.get(
+            f"{self.url}/api/v1/query",
+            params={"query": f"{selector}[{window_s}s]", "time": f"{at:.3f}"},
+            timeout=30,
+        )
+        resp.raise_for_status()
+        body = resp.json()
+        assert body["status"] == "success", body
+        out: dict[str, list[tuple[int, float]]] = {}
+        for item in body["data"]["result"]:
+            key = json.dumps(item["metric"], sort_keys=True)
+            out[key] = [(round(float(t) * 1000), float(v)) for t, v in item["values"]]
+        return out
+
+
+@contextlib.contextmanager
+def running_receiver(
+    binary: Path, tmp: Path, config: str | Path = RECEIVER_CONFIG
+) -> Iterator[Receiver]:
+    """A started, ready :class:`Receiver`; killed afterwards."""
+    receiver = Receiver(binary, tmp, config)
+    receiver.start()
+    try:
+        wait_until(receiver.ready, 60, "prometheus ready")
+        yield receiver
+    finally:
+        if receiver.running():
+            receiver.kill9()
+
+
+@dataclass
+class Completeness:
+    collections: list[tuple[int, float]]  # (ts_ms, gpurelay_agent_collections_total)
+    series: int = 0
+    expected: int = 0
+    found: int = 0
+    missing: list[str] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)  # samples at no collection time
+
+    def between(self, start: float, end: float) -> int:
+        return sum(1 for t, _ in self.collections if start * 1000 <= t <= end * 1000)
+
+    def summary(self) -> str:
+        return (
+            f"{self.series} series, {len(self.collections)} collections: "
+            f"expected {self.expected} samples, found {self.found}, "
+            f"missing {len(self.missing)}, stray {len(self.strays)}"
+        )
+
+
+def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> Completeness:
+    """Every series of ``node`` must have a sample at every collection between its first and
+    last sample; the collection counter must count up by one from sample to sample (a restart
+    of the agent starts it again at 1)."""
+    data = receiver.raw(f'{{Hostname="{node}"}}', window_s=window_s, at=at)
+    data.update(receiver.raw(f'{{NodeName="{node}"}}', window_s=window_s, at=at))
+    counter = [
+        samples
+        for key, samples in data.items()
+        if json.loads(key)["__name__"] == "gpurelay_agent_collections_total"
+    ]
+    assert len(counter) == 1, f"expected one collections counter, got {len(counter)}"
+    ticks = counter[0]
+    result = Completeness(collections=ticks)
+    for (_, prev), (t, value) in itertools.pairwise(ticks):
+        if value != prev + 1 and value != 1:
+            result.missing.append(f"collections_total jumps from {prev} to {value} at {t}")
+    times = [t for t, _ in ticks]
+    index = {t: i for i, t in enumerate(times)}
+    for key, samples in data.items():
+        result.series += 1
+        have = [t for t, _ in samples]
+        strays = [t for t in have if t not in index]
+        result.strays.extend(f"{key} @ {t}" for t in strays[:3])
+        inside = [t for t in have if t in index]
+        if not inside:
+            continue
+        expected = times[index[inside[0]] : index[inside[-1]] + 1]
+        result.expected += len(expected)
+        result.found += len(inside)
+        lost = sorted(set(expected) - set(inside))
+        result.missing.extend(f"{key} @ {t}" for t in lost[:3])
+    return result

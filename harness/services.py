@@ -1,0 +1,143 @@
+"""Our two binaries as child processes on loopback, each configured by a TOML file written
+here: the gateway (``python -m cloud_gateway run --config FILE``) and the agent
+(``python -m edge_agent run --config FILE``, simulated GPUs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import httpx
+
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.config import load as load_gateway_config
+from harness.fleet import Pki, gateway_config
+from harness.ports import free_ports
+from harness.process import HarnessError, Process, clean_env
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def gateway_toml(cfg: GatewayConfig) -> str:
+    """``cfg`` as the TOML file ``cloud-gateway run --config`` reads (None: left out)."""
+    top: list[str] = []
+    tables: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            tables.append(f"\n[{f.name}]")
+            for sub in dataclasses.fields(value):
+                item = getattr(value, sub.name)
+                if item is not None:
+                    tables.append(f"{sub.name} = {_toml_value(item)}")
+        elif value is not None:
+            top.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(top + tables) + "\n"
+
+
+class GatewayProc(Process):
+    """The gateway: SSH and HTTP on free loopback ports, the fleet's user CA, the operator
+    token ``harness.fleet.TOKEN``; remote write to ``remote_write_url`` (the receiver's base
+    URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``."""
+
+    def __init__(
+        self, pki: Pki, tmp: Path, remote_write_url: str = "", *, log_level: str = "info"
+    ) -> None:
+        self.ssh_port, self.http_port = free_ports(2)
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        cfg = gateway_config(pki, ssh_port=self.ssh_port, http_port=self.http_port)
+        remote_write = cfg.remote_write
+        if remote_write_url:
+            remote_write = dataclasses.replace(
+                remote_write, url=f"{remote_write_url}/api/v1/write", max_backoff_seconds=1.0
+            )
+        self.config = dataclasses.replace(cfg, log_level=log_level, remote_write=remote_write)
+        path = tmp / "gateway.toml"
+        path.write_text(gateway_toml(self.config))
+        if load_gateway_config(path, {}) != self.config:
+            raise HarnessError(f"{path} does not read back as the config it was written from")
+        super().__init__(
+            "gateway",
+            [sys.executable, "-m", "cloud_gateway", "run", "--config", str(path)],
+            tmp / "gateway.log",
+            clean_env("CLOUD_GATEWAY_"),
+        )
+
+    def ready(self) -> bool:
+        return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+
+class AgentProc(Process):
+    """An agent of ``node`` with two simulated GPUs, collecting every second and pushing to
+    ``gateway`` through its spool in ``spool_dir``."""
+
+    def __init__(
+        self,
+        pki: Pki,
+        tmp: Path,
+        node: str,
+        gateway: GatewayProc,
+        *,
+        spool_dir: Path,
+        replay_rate: float = 50.0,
+        max_in_flight: float = 64,
+    ) -> None:
+        creds = pki.node(node)
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = tmp / f"agent-{node}.toml"
+        config.write_text(
+            f"""node_name = "{node}"
+listen = "127.0.0.1:{self.port}"
+interval_seconds = 1.0
+process_interval_seconds = 1.0
+
+[simulate]
+gpus = 2
+seed = 11
+processes_per_gpu = 2
+
+[gateway]
+address = "127.0.0.1:{gateway.ssh_port}"
+known_hosts = "{pki.ca.known_hosts}"
+key = "{creds.private_key}"
+certificate = "{creds.certificate}"
+backoff_initial_seconds = 0.2
+backoff_max_seconds = 1.0
+connect_timeout_seconds = 5.0
+
+[spool]
+directory = "{spool_dir}"
+replay_batches_per_second = {replay_rate}
+max_in_flight = {int(max_in_flight)}
+"""
+        )
+        super().__init__(
+            f"agent {node}",
+            [sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
+            tmp / f"agent-{node}.log",
+            clean_env("EDGE_AGENT_"),
+        )
+
+    def metric(self, name: str) -> float:
+        """A label-less series of the agent's local /metrics."""
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise ValueError(f"{name} not in the agent's /metrics")
