@@ -34,6 +34,7 @@ from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
+from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import CertificatePolicy, SshServer
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port
@@ -82,6 +83,7 @@ class Gateway:
             )
         )
         self.exposition = Exposition(self.registry)
+        self.self_metrics = SelfMetrics()
         self.limits = Limits(
             max_frame_bytes=cfg.ssh.max_frame_bytes, max_series=cfg.ssh.max_series_per_node
         )
@@ -92,6 +94,7 @@ class Gateway:
             clock=clock,
             limits=self.limits,
             remote_write=self.remote_write,
+            self_metrics=self.self_metrics,
             max_queued_batches=cfg.remote_write.max_queued_batches_per_node,
             retry_backoff=(
                 cfg.remote_write.min_backoff_seconds,
@@ -102,7 +105,11 @@ class Gateway:
             is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None
         )
         self.proxy = Proxy(
-            self.registry, self.endpoints, timeout=cfg.http.proxy_timeout_seconds, clock=clock
+            self.registry,
+            self.endpoints,
+            timeout=cfg.http.proxy_timeout_seconds,
+            clock=clock,
+            self_metrics=self.self_metrics,
         )
         self.http = HttpState(
             registry=self.registry,
@@ -204,7 +211,8 @@ class Gateway:
                 publish_refused=self.endpoints.refused,
                 remote_write=self.remote_write.stats if self.remote_write else None,
                 forwarding=self.ingest.forward_stats,
-            )
+            ),
+            histograms=self.self_metrics,
         )
 
     async def run(self) -> None:

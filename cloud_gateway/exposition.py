@@ -40,6 +40,7 @@ from gpurelay.model import MIB, Family, GpuInventory, Labels, Sample
 
 if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
     from cloud_gateway.registry import Registry
+    from cloud_gateway.self_metrics import SelfMetrics
 NODE_UP = Family(
     name="gpurelay_node_up",
     type="gauge",
@@ -108,15 +109,22 @@ class Exposition:
     def generation(self) -> tuple[int, int]:
         return (self.registry.generation, self._extra_generation)
 
-    def set_extra(self, families: Iterable[FamilySamples]) -> None:
+    def set_extra(
+        self, families: Iterable[FamilySamples], *, histograms: SelfMetrics | None = None
+    ) -> None:
         """The gateway's own families (``gpurelay_gateway_*``: agents may not declare that
-        prefix), appended after the node data. Call it when they change; the bodies are
-        rebuilt only if the rendering differs."""
+        prefix) and its histograms, appended after the node data. Call it when they change;
+        the bodies are rebuilt only if the rendering differs."""
         families = list(families)
         extra = (
             render_families(families, openmetrics=False),
             render_families(families, openmetrics=True),
         )
+        if histograms is not None:
+            extra = (
+                extra[0] + histograms.render(openmetrics=False),
+                extra[1] + histograms.render(openmetrics=True),
+            )
         if extra != self._extra:
             self._extra = extra
             self._extra_generation += 1

@@ -24,6 +24,7 @@ from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
 from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collection
 from cloud_gateway.registry import Applied, Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write import RemoteWriter
+from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import node_log
 from gpurelay.model import Labels
 from gpurelay.record import Record, RecordDecoder
@@ -60,6 +61,7 @@ class Ingest:
         max_queued_batches: int = 256,
         max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
         retry_backoff: tuple[float, float] = RETRY_BACKOFF,
+        self_metrics: SelfMetrics | None = None,
     ) -> None:
         self.registry = registry
         self.clock = clock
@@ -75,6 +77,9 @@ class Ingest:
         )
         self.forward_stats = self.delivery.forward_stats
         self.stats = IngestStats()
+        self.self_metrics = self_metrics or SelfMetrics()
+        self._apply_batch = self.self_metrics.apply_seconds.labels("batch")
+        self._apply_replay = self.self_metrics.apply_seconds.labels("replay")
         self._closers: dict[int, Callable[[str], None]] = {}
 
     def open_session(
@@ -231,7 +236,9 @@ class NodeSession:
         stats = ingest.stats
         stats.batches += 1
         stats.duplicates += taken.duplicate
-        stats.batch_seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        stats.batch_seconds += took
+        ingest._apply_batch.observe(took)
         ingest.on_change()
         return taken.acks
 
@@ -275,7 +282,9 @@ class NodeSession:
         )
         ingest.stats.replays += 1
         ingest.stats.duplicates += taken.duplicate
-        ingest.stats.replay_seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        ingest.stats.replay_seconds += took
+        ingest._apply_replay.observe(took)
         ingest.on_change()
         return taken.acks
 

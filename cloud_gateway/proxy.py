@@ -26,6 +26,7 @@ from aiohttp import web
 
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.registry import Registry
+from cloud_gateway.self_metrics import SelfMetrics
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_IDLE_PER_ENDPOINT = 4  # keep-alive channels kept open per NODE:PORT
@@ -74,6 +75,7 @@ class Proxy:
     timeout: float = 10.0
     clock: Callable[[], float] = time.time
     requests: Counter[int] = field(default_factory=Counter)
+    self_metrics: SelfMetrics = field(default_factory=SelfMetrics)
     _idle: dict[tuple[str, int], list[_ProxyChannel]] = field(default_factory=dict)
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
@@ -111,9 +113,9 @@ class Proxy:
         try:
             response = await self._relay(request, node, port, path_qs, started)
         except ProxyError as exc:
-            self.requests[exc.status] += 1
-            return web.Response(status=exc.status, text=f"{exc}\n")
+            response = web.Response(status=exc.status, text=f"{exc}\n")
         self.requests[response.status] += 1
+        self.self_metrics.observe_proxy(response.status, time.monotonic() - started)
         return response
 
     def _deadline(self, request: web.Request) -> float:
