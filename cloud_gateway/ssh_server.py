@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway.auth_policy import check_user_certificate, describe
 from cloud_gateway.endpoints import EndpointTable, PublishedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
+from gpurelay.asyncssh_hooks import hook_certificate_validation
 from gpurelay.wire import (
     READ_CHUNK,
     SUBSYSTEM,
@@ -118,21 +119,19 @@ class _ConnectionAuth(asyncssh.SSHServer):
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
         self._peer = conn.get_extra_info("peername")
-        # asyncssh validates certificates itself but does not say *why* one failed. Check
-        # first with our policy (which also knows revocations), then let asyncssh re-check.
-        original: Callable[[str, Any], Awaitable[Any]] = conn._validate_openssh_certificate
 
-        async def checked(username: str, cert: Any) -> Any:
+        def check(username: str, cert: SSHOpenSSHCertificate) -> bool:
             reason = self._policy.check(username, cert)
             if reason is not None:
                 self._refuse(username, reason, describe(reason, username, cert))
-                return None
-            key = await original(username, cert)
-            if key is not None:
-                self.certificate = cert
-            return key
+            return reason is None
 
-        conn._validate_openssh_certificate = checked  # type: ignore[method-assign]
+        def accepted(cert: SSHOpenSSHCertificate) -> None:
+            self.certificate = cert
+
+        # asyncssh validates certificates itself but does not say *why* one failed. Check
+        # first with our policy (which also knows revocations), then let asyncssh re-check.
+        hook_certificate_validation(conn, check, accepted)
 
     def _refuse(self, username: str, reason: str, detail: str) -> None:
         self._username, self._reason, self._detail = username, reason, detail

@@ -20,7 +20,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import asyncssh
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
@@ -29,6 +28,7 @@ from edge_agent.config import TunnelConfig
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
+from gpurelay.asyncssh_hooks import hook_forwarded_open
 from gpurelay.model import Family, SampleSink, Snapshot
 from gpurelay.wire import (
     READ_CHUNK,
@@ -300,21 +300,17 @@ class Tunnel:
                 self.log.warning(
                     "gateway refused to publish %s:%d (%s): %s", ep.node, ep.port, ep.name, exc
                 )
-        original = conn._process_forwarded_tcpip_open
 
-        def guarded(packet: Any) -> Any:
-            try:
-                return original(packet)
-            except asyncssh.ChannelOpenError:
-                self.stats.proxy_refused += 1
-                self.log.warning(
-                    "refused a connection from the gateway to an endpoint that is "
-                    "not published (%d refused so far)",
-                    self.stats.proxy_refused,
-                )
-                raise
+        def refused(exc: asyncssh.ChannelOpenError) -> None:
+            self.stats.proxy_refused += 1
+            self.log.warning(
+                "refused a connection from the gateway to an endpoint that is "
+                "not published (%d refused so far): %s",
+                self.stats.proxy_refused,
+                exc.reason,
+            )
 
-        conn._process_forwarded_tcpip_open = guarded  # type: ignore[method-assign]
+        hook_forwarded_open(conn, refused)
 
     async def _exchange(
         self, writer: asyncssh.SSHWriter[bytes], reader: asyncssh.SSHReader[bytes]
