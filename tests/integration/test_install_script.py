@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -294,25 +295,34 @@ def test_refuses_to_run_without_root_unless_root_dir() -> None:
     if os.geteuid() == 0:  # drop to nobody for this one run (CI runs as root)
         setpriv = shutil.which("setpriv")
         assert setpriv, "setpriv (util-linux) is needed to run the check as a non-root user"
-        proc = subprocess.run(
-            [
-                setpriv,
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "bash",
-                str(SCRIPT),
-                "--node",
-                NODE,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        # nobody may not be able to read this clone (one made in a `mktemp -d` directory is
+        # its owner's alone), so it runs a copy, from a directory everyone can read.
+        # /tmp, not $TMPDIR: that may be private too.
+        with tempfile.TemporaryDirectory(prefix="install-script-", dir="/tmp") as tmp:
+            os.chmod(tmp, 0o755)
+            script = Path(tmp) / SCRIPT.name
+            shutil.copyfile(SCRIPT, script)
+            script.chmod(0o644)
+            proc = subprocess.run(
+                [
+                    setpriv,
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "bash",
+                    str(script),
+                    "--node",
+                    NODE,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                cwd=tmp,
+            )
     else:
         proc = run("--node", NODE)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr
     assert "must run as root" in proc.stderr
 
 
@@ -353,7 +363,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    for package in ("edge_agent", "cloud_gateway"):
+    for package in ("gpurelay", "edge_agent", "cloud_gateway"):  # what pyproject.toml ships
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run(
