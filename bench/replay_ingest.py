@@ -37,12 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud_gateway.forwarding import Collection, as_series
 from cloud_gateway.ingest import Ingest
+from cloud_gateway.prompb import encode_requests
 from cloud_gateway.registry import Registry
-from cloud_gateway.remote_write import (
-    RemoteWriteConfig,
-    RemoteWriter,
-    encode_requests,
-)
+from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
 from gpurelay.record import Record, RecordDecoder, RecordEncoder
 from gpurelay.wire import Ack, Frame, Hello, Replay
 from harness.pipeline import simulated_snapshots

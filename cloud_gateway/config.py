@@ -62,56 +62,14 @@ class RegistryConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RemoteWriteSection:
-    """Forward every node's samples (live and replayed) by Prometheus remote write 1.0;
-    see :mod:`cloud_gateway.remote_write` for receivers. ``url = ""``: off."""
-
-    url: str = ""
-    bearer_token: str = ""
-    bearer_token_file: Path | None = None  # re-read on every request (rotation)
-    basic_user: str = ""
-    basic_password: str = ""
-    tls_ca_file: Path | None = None
-    tls_insecure_skip_verify: bool = False
-    headers: tuple[str, ...] = ()  # "Name: value", e.g. "X-Scope-OrgID: edge"
-    timeout_seconds: float = 30.0
-    max_samples_per_send: int = 2000  # per HTTP request
-    max_pending_samples: int = 500_000  # in flight across all nodes
-    min_backoff_seconds: float = 0.05
-    max_backoff_seconds: float = 5.0
-    max_retries: int = 10  # then the batch waits (1 s to 30 s) and is tried again
-    max_queued_batches_per_node: int = 256  # more waiting: stop reading that node's channel
-
-    def client_config(self) -> RemoteWriteConfig | None:
-        """The writer's config; ``None`` when remote write is off. ValueError if invalid."""
-        if not self.url:
-            return None
-        return RemoteWriteConfig(
-            url=self.url,
-            bearer_token=self.bearer_token,
-            bearer_token_file=self.bearer_token_file,
-            basic_user=self.basic_user,
-            basic_password=self.basic_password,
-            tls_ca_file=self.tls_ca_file,
-            tls_insecure_skip_verify=self.tls_insecure_skip_verify,
-            headers=self.headers,
-            timeout_seconds=self.timeout_seconds,
-            max_samples_per_send=self.max_samples_per_send,
-            max_pending_samples=self.max_pending_samples,
-            min_backoff_seconds=self.min_backoff_seconds,
-            max_backoff_seconds=self.max_backoff_seconds,
-            max_retries=self.max_retries,
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     log_level: str = "info"
     drain_seconds: float = 5.0
     ssh: SshConfig = field(default_factory=SshConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
-    remote_write: RemoteWriteSection = field(default_factory=RemoteWriteSection)
+    # Declared with the client that reads it (cloud_gateway.remote_write); url = "": off.
+    remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
 
     def api_tokens(self) -> frozenset[str]:
         """Inline tokens plus those read from token files (errors name the file)."""
@@ -143,11 +101,10 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     return cfg
 
 
-def check_remote_write(section: RemoteWriteSection) -> RemoteWriteConfig | None:
+def check_remote_write(section: RemoteWriteConfig) -> RemoteWriteConfig | None:
     """The writer's config (``None``: off); GatewayConfigError naming what is wrong."""
-    if section.max_queued_batches_per_node < 1:
-        raise GatewayConfigError("remote_write.max_queued_batches_per_node must be >= 1")
     try:
-        return section.client_config()
+        section.validate()
     except ValueError as exc:
         raise GatewayConfigError(f"remote_write: {exc}") from exc
+    return section if section.url else None

@@ -3,19 +3,26 @@
 ``ssh_server → ingest → registry`` serves the unified /metrics; with remote write on,
 ingest also hands every collection (a live batch as the node's full state, or a replayed
 record) to the node's :class:`Forwarder`. Its task writes the queue in order, coalescing
-consecutive collections into one :meth:`RemoteWriter.send`, and reports each seq as
-delivered (the session then marks it and sends the ACK) only after the receiver took it:
+consecutive collections into one :meth:`RemoteWriter.send` (one attempt per request), and
+reports each seq as delivered (the session then marks it and sends the ACK) only after
+the receiver took it:
 
 - accepted (2xx): delivered.
-- refused (a non-retryable 4xx): can never be accepted, so logged, counted and reported
-  delivered anyway; otherwise the agent's spool would be stuck on a poison collection. A
-  coalesced group that is refused is re-sent one collection at a time, so only the
-  collection the receiver objects to is dropped.
-- unavailable (the writer's retries exhausted): kept, not acknowledged, and tried again
-  after a backoff (1 s doubling to 30 s) for as long as the session lives. When the
-  session ends the task is cancelled; the agent still holds what was not acknowledged and
-  sends it again on its next connection (a collection accepted but not acknowledged is
-  only written twice: identical samples, which receivers accept).
+- refused (:class:`RemoteWriteRejected`, e.g. a 4xx): can never be accepted, so logged,
+  counted and reported delivered anyway; otherwise the agent's spool would be stuck on a
+  poison collection. A coalesced group that is refused is re-sent one collection at a
+  time, so only the collection the receiver objects to is dropped.
+- unavailable (:class:`RemoteWriteUnavailable`: 5xx, 429, a transport error): kept, not
+  acknowledged, and sent again after a backoff, for as long as the session lives. This is
+  the only retry loop on the path: ``min_backoff_seconds`` doubling up to
+  ``max_backoff_seconds`` (``[remote_write]``), each delay 50-100 % of its step (jitter),
+  and never shorter than the receiver's ``Retry-After``. When the session ends the task is
+  cancelled; the agent still holds what was not acknowledged and sends it again on its
+  next connection.
+
+Sending a group again can write samples twice: the requests of a send accepted before the
+one that failed, or a collection accepted whose ACK was lost. They are identical samples
+(same series, timestamp and value), which receivers accept.
 
 Back-pressure: :meth:`Forwarder.room` waits while more than ``max_queued`` collections
 wait; the SSH channel awaits it before reading on, so SSH flow control holds the agent.
@@ -25,21 +32,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from cloud_gateway.prompb import Series
 from cloud_gateway.remote_write import (
+    RemoteWriteConfig,
     RemoteWriter,
     RemoteWriteRejected,
     RemoteWriteUnavailable,
-    Series,
 )
 from gpurelay.model import Labels
 
 MAX_SAMPLES_PER_SEND = 10_000  # coalesce collections up to this many samples per send
-RETRY_BACKOFF = (1.0, 30.0)  # seconds, after the writer's own retries are exhausted
+_DEFAULTS = RemoteWriteConfig()
+RETRY_BACKOFF = (_DEFAULTS.min_backoff_seconds, _DEFAULTS.max_backoff_seconds)  # seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +69,7 @@ class ForwardStats:
     queued: int = 0  # collections waiting now (gauge)
     delivered: int = 0  # accepted by the receiver and acknowledged
     dropped: int = 0  # refused by the receiver (4xx), acknowledged anyway
-    unavailable: int = 0  # sends that gave up (retries exhausted) and wait for a retry
+    unavailable: int = 0  # sends not taken (5xx, 429, transport error), sent again later
 
 
 def as_series(group: Sequence[Collection]) -> list[Series]:
@@ -98,7 +108,11 @@ class Forwarder:
         max_queued: int = 256,
         max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
         backoff: tuple[float, float] = RETRY_BACKOFF,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
+        """``backoff``: (first, longest) delay in seconds before sending again what was
+        not taken; ``sleep`` and ``jitter`` (0 to 1) are there for tests."""
         self._writer = writer
         self._log = log
         self._delivered = delivered  # seq: mark it and acknowledge it
@@ -107,6 +121,8 @@ class Forwarder:
         self._max_queued = max_queued
         self._max_samples = max_samples_per_send
         self._min_backoff, self._max_backoff = backoff
+        self._sleep = sleep
+        self._jitter = jitter
         self._queue: deque[Collection] = deque()
         self._seqs: set[int] = set()
         self._wake = asyncio.Event()
@@ -160,7 +176,7 @@ class Forwarder:
             self._failed(f"remote write forwarding failed: {exc}")
 
     async def _write_forever(self) -> None:
-        backoff = self._min_backoff
+        failures = 0  # sends not taken in a row: the backoff's exponent
         solo = 0  # after a refused group: send this many collections one at a time
         while True:
             if not self._queue:
@@ -187,20 +203,28 @@ class Forwarder:
                 solo = max(0, solo - 1)
                 continue
             except RemoteWriteUnavailable as exc:
+                delay = self._delay(failures, exc.retry_after)
+                failures += 1
                 self.stats.unavailable += 1
                 self._log.warning(
-                    "remote write unavailable, keeping %d collection(s) unacknowledged; "
-                    "retry in %.0fs: %s",
-                    len(self._queue),
-                    backoff,
+                    "%s; keeping %d collection(s) unacknowledged, retry in %.2fs",
                     exc,
+                    len(self._queue),
+                    delay,
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+                await self._sleep(delay)
                 continue
-            backoff = self._min_backoff
+            failures = 0
             solo = max(0, solo - len(group))
             self._finish(len(group), accepted=True)
+
+    def _delay(self, failures: int, retry_after: float | None) -> float:
+        """Seconds to wait after ``failures`` + 1 sends in a row were not taken: the
+        step doubles from the first to the longest delay, the wait is 50-100 % of it
+        (jitter, so nodes do not retry in step), and never shorter than ``retry_after``."""
+        step = min(self._max_backoff, self._min_backoff * 2.0 ** min(failures, 64))
+        delay = step * (0.5 + 0.5 * self._jitter())
+        return delay if retry_after is None else max(delay, retry_after)
 
     def _take(self, max_samples: int) -> list[Collection]:
         """The collections at the head of the queue: at least one, then as many as fit."""

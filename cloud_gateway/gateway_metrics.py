@@ -89,7 +89,7 @@ RW_SENT_SAMPLES = _family(
 RW_FAILED_SAMPLES = _family(
     _RW + "failed_samples_total",
     "counter",
-    "Samples of sends that failed: refused, or retries exhausted (then sent again)" + _ONLY + ".",
+    "Samples of sends that failed: refused, or not taken (then sent again)" + _ONLY + ".",
 )
 RW_SENT_REQUESTS = _family(
     _RW + "sent_requests_total", "counter", "Requests the receiver accepted (2xx)" + _ONLY + "."
@@ -97,17 +97,14 @@ RW_SENT_REQUESTS = _family(
 RW_RETRIED = _family(
     _RW + "retried_requests_total",
     "counter",
-    "Request attempts retried after a 5xx, a 429 or a transport error" + _ONLY + ".",
+    "Requests not taken (a 5xx, a 429 or a transport error), sent again after a backoff"
+    + _ONLY
+    + ".",
 )
 RW_REJECTED = _family(
     _RW + "rejected_requests_total",
     "counter",
-    "Requests refused with a non-retryable 4xx (their samples are dropped)" + _ONLY + ".",
-)
-RW_FAILED_REQUESTS = _family(
-    _RW + "failed_requests_total",
-    "counter",
-    "Requests given up on after every retry; their batches wait and are tried again" + _ONLY + ".",
+    "Requests refused for good, e.g. a 4xx (their samples are dropped)" + _ONLY + ".",
 )
 RW_DROPPED = _family(
     _RW + "dropped_batches_total",
@@ -192,7 +189,6 @@ def _remote_write(rw: RemoteWriteStats, fwd: ForwardStats) -> list[FamilySamples
         _one(RW_SENT_REQUESTS, rw.sent_requests),
         _one(RW_RETRIED, rw.retried_requests),
         _one(RW_REJECTED, rw.rejected_requests),
-        _one(RW_FAILED_REQUESTS, rw.failed_requests),
         _one(RW_DROPPED, fwd.dropped),
         _one(RW_LATENCY, rw.latency_seconds_sum),
         _one(RW_RESPONSES, rw.latency_seconds_count),

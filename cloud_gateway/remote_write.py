@@ -1,43 +1,33 @@
-"""Prometheus remote write 1.0 client: every sample goes out with its original timestamp.
+"""Prometheus remote write 1.0 client: one attempt per request, and what the answer means.
 
-The gateway uses this to forward live and replayed (spooled) samples to a central TSDB, so an
-edge outage leaves no gap there (DESIGN.md, "No data lost"). The wire format is remote write
-1.0: a protobuf ``prometheus.WriteRequest`` (encoded here by hand, no protobuf dependency),
-snappy *block* compressed, POSTed with the standard headers::
+The gateway forwards every sample, live and replayed from an agent's spool, with its
+original timestamp to a central TSDB, so an edge outage leaves no gap there: a batch is
+acknowledged to the agent (and leaves its spool) only once the receiver accepted it. The
+wire format is remote write 1.0: a protobuf ``prometheus.WriteRequest``
+(:mod:`cloud_gateway.prompb`), snappy *block* compressed, POSTed with the standard
+headers::
 
     Content-Encoding: snappy
     Content-Type: application/x-protobuf
     X-Prometheus-Remote-Write-Version: 0.1.0
 
-:meth:`RemoteWriter.send` returns only when every request of the call was accepted (2xx);
-the caller acknowledges a batch to the agent only then, so the agent's spool keeps data until
-it is safely stored. 5xx, 429 (honouring ``Retry-After``) and transport errors are retried
-with exponential backoff and jitter; any other 4xx is final and raises
-:class:`RemoteWriteRejected` with the response body (logged and counted). Back-pressure: the
-writer bounds the samples in flight (``max_pending_samples``); a send that would exceed the
-bound waits until earlier sends finish.
+:meth:`RemoteWriter.send` makes one attempt per request and classifies the answer:
 
-Receivers
----------
-Prometheus (2.33+ for the flag; out-of-order ingestion needs 2.39+)
-    Start it with ``--web.enable-remote-write-receiver``; the URL is
-    ``http://prometheus:9090/api/v1/write``. Replayed backlog is older than what is already
-    stored for a series, so the TSDB must accept out-of-order samples; in prometheus.yml::
+- 2xx: accepted.
+- 5xx, 429 and transport errors: :class:`RemoteWriteUnavailable`, worth sending again
+  later, not before its ``retry_after`` (the receiver's ``Retry-After``) when it has one.
+- any other 4xx, and the 500 old Prometheus versions answer for samples too old to ever
+  be stored: :class:`RemoteWriteRejected`, final, with the receiver's answer.
 
-        storage:
-          tsdb:
-            out_of_order_time_window: 1h   # at least the longest outage the spool covers
+The writer never sleeps or retries: :class:`~cloud_gateway.forwarding.Forwarder` owns the
+one backoff (``min_backoff_seconds`` doubling to ``max_backoff_seconds``, with jitter,
+``Retry-After`` as a floor) and retries for as long as the agent's session lives.
+Back-pressure: the writer bounds the samples in flight (``max_pending_samples``); a send
+that would exceed the bound waits until earlier sends finish.
 
-    Without it, backlog samples are rejected as "out of order" (HTTP 400, not retried).
-    Samples older than the head block minus the window are refused as "out of bounds".
-VictoriaMetrics
-    ``http://victoriametrics:8428/api/v1/write`` (single node) or
-    ``http://vminsert:8480/insert/<tenant>/prometheus/api/v1/write`` (cluster). Accepts
-    out-of-order and old samples without extra settings (within ``-retentionPeriod``).
-Grafana Mimir
-    ``http://mimir:8080/api/v1/push``; with multi-tenancy on, add the tenant header,
-    e.g. ``headers = ("X-Scope-OrgID: edge",)``. Out-of-order samples need the per-tenant
-    limit ``out_of_order_time_window`` (e.g. ``1h``) in Mimir's runtime/limits config.
+Receivers (Prometheus with ``--web.enable-remote-write-receiver`` and an out-of-order
+window, VictoriaMetrics, Grafana Mimir), their URLs and what each refuses:
+deploy/prometheus/README.md and docs/operator-guide.md, "Remote write".
 
 Auth and TLS: ``bearer_token`` or ``bearer_token_file`` (re-read on every request, so a
 rotated token is picked up), or ``basic_user``/``basic_password``; ``tls_ca_file`` for a
@@ -48,23 +38,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import email.utils
 import logging
 import math
-import random
 import ssl
-import struct
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
-from typing import TypeVar
 
-import cramjam
 import httpx
 
 from cloud_gateway import __version__
+from cloud_gateway.prompb import Series, encode_requests
 
 __all__ = [
     "PROTOCOL_HEADERS",
@@ -74,18 +62,10 @@ __all__ = [
     "RemoteWriteStats",
     "RemoteWriteUnavailable",
     "RemoteWriter",
-    "Series",
-    "encode_requests",
-    "encode_write_request",
-    "snappy_compress",
-    "split_series",
+    "classify",
 ]
 
 log = logging.getLogger(__name__)
-
-Labels = tuple[tuple[str, str], ...]
-Series = tuple[Labels, list[tuple[int, float]]]
-"""(labels including ``__name__``, [(timestamp in ms, value), ...])."""
 
 USER_AGENT = f"edge-gpu-relay/{__version__}"
 PROTOCOL_HEADERS: dict[str, str] = {
@@ -104,23 +84,33 @@ _BODY_LOG_LIMIT = 1024
 
 @dataclass(frozen=True, kw_only=True)
 class RemoteWriteConfig:
-    url: str
+    """Remote write settings, declared once: the ``[remote_write]`` section of
+    gateway.toml (every key overridable by ``CLOUD_GATEWAY_REMOTE_WRITE_<KEY>``), read by
+    the writer (the request) and the forwarders (backoff, queue). ``url = ""``: off.
+    Checked by :meth:`validate` (the config loader and :class:`RemoteWriter` call it)."""
+
+    url: str = ""
     bearer_token: str = ""
-    bearer_token_file: Path | None = None
+    bearer_token_file: Path | None = None  # re-read on every request (rotation)
     basic_user: str = ""
     basic_password: str = ""
     tls_ca_file: Path | None = None
     tls_insecure_skip_verify: bool = False
-    headers: tuple[str, ...] = ()  # "Name: value"
-    timeout_seconds: float = 30.0
-    max_samples_per_send: int = 2000
-    max_pending_samples: int = 500_000  # back-pressure bound
-    min_backoff_seconds: float = 0.05
-    max_backoff_seconds: float = 5.0
-    max_retries: int = 10  # retries after the first attempt
+    headers: tuple[str, ...] = ()  # "Name: value", e.g. "X-Scope-OrgID: edge"
+    timeout_seconds: float = 30.0  # per request
+    max_samples_per_send: int = 2000  # per request
+    max_pending_samples: int = 500_000  # in flight across all nodes (back-pressure bound)
+    min_backoff_seconds: float = 0.05  # the forwarder's retry backoff, doubling with jitter
+    max_backoff_seconds: float = 5.0  # ... up to this (a longer Retry-After is honoured)
+    max_queued_batches_per_node: int = 256  # more waiting: stop reading that node's channel
+    max_retries: int | None = field(
+        default=None,
+        metadata={"deprecated": "batches are retried until the receiver accepts or refuses them"},
+    )
 
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
+    def validate(self) -> None:
+        """ValueError naming the first setting that is wrong (the url only when set)."""
+        if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"remote write url must be http(s)://, got {self.url!r}")
         if self.bearer_token and self.bearer_token_file is not None:
             raise ValueError("set bearer_token or bearer_token_file, not both")
@@ -137,9 +127,18 @@ class RemoteWriteConfig:
             raise ValueError("max_pending_samples must be >= 1")
         if not 0 <= self.min_backoff_seconds <= self.max_backoff_seconds:
             raise ValueError("need 0 <= min_backoff_seconds <= max_backoff_seconds")
-        if self.max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
+        if self.max_queued_batches_per_node < 1:
+            raise ValueError("max_queued_batches_per_node must be >= 1")
         self.extra_headers()  # validates
+
+    def deprecated(self) -> list[str]:
+        """One line for each deprecated key that is set (accepted, ignored): for the log."""
+        return [
+            f"remote_write.{f.name} is deprecated and ignored ({f.metadata['deprecated']}); "
+            "remove it from the config"
+            for f in dataclasses.fields(self)
+            if "deprecated" in f.metadata and getattr(self, f.name) is not None
+        ]
 
     def extra_headers(self) -> list[tuple[str, str]]:
         """``headers`` parsed; protocol headers (and Authorization when auth is set) are
@@ -160,188 +159,53 @@ class RemoteWriteConfig:
         return out
 
 
-# --------------------------------------------------------------------------- encoding
-
-
-def _varint(n: int, out: bytearray) -> None:
-    n &= 0xFFFFFFFFFFFFFFFF  # int64 is encoded as its two's complement uint64
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-def _len_field(tag: int, payload: bytes | bytearray, out: bytearray) -> None:
-    out.append(tag)
-    _varint(len(payload), out)
-    out += payload
-
-
-def _encode_label(name: str, value: str) -> bytes:
-    buf = bytearray()
-    _len_field(0x0A, name.encode(), buf)  # name = 1, length-delimited
-    _len_field(0x12, value.encode(), buf)  # value = 2, length-delimited
-    return bytes(buf)
-
-
-_F64 = struct.Struct("<d")
-_ZERO = bytes(8)
-_LABEL_CACHE_MAX = 100_000  # label sets; a fleet's series repeat from send to send
-_label_cache: dict[Labels, tuple[Labels, bytes]] = {}
-
-
-def _labels(labels: Labels) -> tuple[Labels, bytes]:
-    """``labels`` sorted by name without empty values, and their encoded ``labels`` fields
-    (TimeSeries field 1, each a Label); cached, as the same series are sent every time."""
-    hit = _label_cache.get(labels)
-    if hit is not None:
-        return hit
-    # Prometheus requires labels sorted by name; an empty value means "no such label".
-    ordered = tuple(sorted((kv for kv in labels if kv[1] != ""), key=lambda kv: kv[0]))
-    names = [name for name, _ in ordered]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate label name in {labels!r}")
-    block = bytearray()
-    for name, label_value in ordered:
-        _len_field(0x0A, _encode_label(name, label_value), block)  # labels = 1
-    entry = (ordered, bytes(block))
-    if len(_label_cache) >= _LABEL_CACHE_MAX:
-        _label_cache.clear()
-    _label_cache[labels] = _label_cache[ordered] = entry
-    return entry
-
-
-def _by_time(samples: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    if len(samples) < 2:
-        return samples
-    return sorted(samples, key=lambda s: s[0])  # stable: equal timestamps keep their order
-
-
-def _normalised(series: Series) -> tuple[Labels, list[tuple[int, float]]]:
-    labels, samples = series
-    return _labels(labels)[0], _by_time(samples)
-
-
-def encode_write_request(series: Sequence[Series]) -> bytes:
-    """Protobuf ``prometheus.WriteRequest`` for ``series``: labels sorted by name (labels
-    with an empty value dropped), samples in timestamp order; proto3 canonical encoding
-    (fields with default values omitted)."""
-    return _encode([(_labels(labels)[1], _by_time(samples)) for labels, samples in series])
-
-
-_Prepared = tuple[bytes, list[tuple[int, float]]]  # encoded labels, samples in time order
-
-
-def _encode(series: Sequence[_Prepared]) -> bytes:
-    out = bytearray()
-    stamps: dict[int, bytes] = {}  # timestamp field per timestamp: a request has few
-    pack = _F64.pack
-    for block, samples in series:
-        ts = bytearray(block)
-        for timestamp_ms, value in samples:
-            stamp = stamps.get(timestamp_ms)
-            if stamp is None:
-                field = bytearray()
-                t = int(timestamp_ms)
-                if t:
-                    field.append(0x10)  # timestamp = 2, varint
-                    _varint(t, field)
-                stamp = stamps[timestamp_ms] = bytes(field)
-            bits = pack(float(value))
-            if bits == _ZERO:  # proto3: a default (+0.0) field is omitted
-                ts.append(0x12)  # samples = 2; a Sample is at most 20 bytes: one length byte
-                ts.append(len(stamp))
-                ts += stamp
-            else:
-                ts.append(0x12)
-                ts.append(9 + len(stamp))
-                ts.append(0x09)  # value = 1, fixed64
-                ts += bits
-                ts += stamp
-        _len_field(0x0A, ts, out)  # timeseries = 1
-    return bytes(out)
-
-
-def snappy_compress(data: bytes) -> bytes:
-    """Snappy block format (not framed), as remote write requires."""
-    return bytes(cramjam.snappy.compress_raw(data))
-
-
-def split_series(series: Sequence[Series], max_samples: int) -> Iterator[list[Series]]:
-    """Requests of at most ``max_samples`` samples each; a long series is cut into
-    consecutive time ranges, in order, so each series stays in timestamp order across
-    requests sent one after another. Series without samples are dropped."""
-    return _split([_normalised(item) for item in series], max_samples)
-
-
-_K = TypeVar("_K")
-
-
-def _split(
-    series: Sequence[tuple[_K, list[tuple[int, float]]]], max_samples: int
-) -> Iterator[list[tuple[_K, list[tuple[int, float]]]]]:
-    """:func:`split_series` of series already normalised (labels or their encoding)."""
-    if max_samples < 1:
-        raise ValueError("max_samples must be >= 1")
-    batch: list[tuple[_K, list[tuple[int, float]]]] = []
-    room = max_samples
-    for labels, samples in series:
-        start = 0
-        while start < len(samples):
-            take = samples[start : start + room]
-            batch.append((labels, take))
-            start += len(take)
-            room -= len(take)
-            if room == 0:
-                yield batch
-                batch, room = [], max_samples
-    if batch:
-        yield batch
-
-
-def encode_requests(series: Sequence[Series], max_samples: int) -> Iterator[tuple[bytes, int]]:
-    """The request bodies for ``series`` (see :func:`split_series`), snappy compressed, each
-    with its number of samples; what :meth:`RemoteWriter.send` posts."""
-    prepared = [(_labels(labels)[1], _by_time(samples)) for labels, samples in series]
-    for batch in _split(prepared, max_samples):
-        yield snappy_compress(_encode(batch)), _sample_count(batch)
-
-
-def _sample_count(series: Sequence[tuple[object, list[tuple[int, float]]]]) -> int:
-    return sum(len(samples) for _, samples in series)
-
-
 # --------------------------------------------------------------------------- errors, stats
 
 
 class RemoteWriteError(Exception):
-    """A send did not get all its samples accepted."""
+    """A request of a send was not accepted. ``status``: the HTTP status, or None when
+    there was no answer (a transport error); ``body``: the receiver's answer (its start),
+    or what went wrong."""
 
+    verdict = "not accepted"
 
-class RemoteWriteRejected(RemoteWriteError):
-    """The receiver refused a request with a non-retryable 4xx; retrying cannot help."""
-
-    def __init__(self, status: int, body: str, url: str) -> None:
-        super().__init__(f"remote write to {url} rejected: HTTP {status}: {body}")
+    def __init__(self, status: int | None, body: str, url: str) -> None:
+        answer = body if status is None else f"HTTP {status}: {body}"
+        super().__init__(f"remote write to {url} {self.verdict}: {answer}")
         self.status = status
         self.body = body
         self.url = url
 
 
+class RemoteWriteRejected(RemoteWriteError):
+    """Refused for good (a 4xx other than 429, or a sample too old to ever be stored):
+    sending the same request again cannot help."""
+
+    verdict = "rejected"
+
+
 class RemoteWriteUnavailable(RemoteWriteError):
-    """Retries exhausted (5xx, 429 or transport errors every time)."""
+    """Not taken now (5xx, 429, a transport error): the same request may be accepted
+    later, not before ``retry_after`` seconds when the receiver said so (``Retry-After``)."""
+
+    verdict = "unavailable"
+
+    def __init__(
+        self, status: int | None, body: str, url: str, *, retry_after: float | None = None
+    ) -> None:
+        super().__init__(status, body, url)
+        self.retry_after = retry_after
 
 
 @dataclass
 class RemoteWriteStats:
     pending_samples: int = 0  # reserved by sends in progress (back-pressure bound applies)
     sent_samples: int = 0  # accepted by the receiver (2xx)
-    failed_samples: int = 0  # given up on: rejected, or retries exhausted
-    sent_requests: int = 0
-    retried_requests: int = 0  # retry attempts
-    rejected_requests: int = 0  # non-retryable 4xx
-    failed_requests: int = 0  # retries exhausted
-    last_latency_seconds: float = 0.0  # of the last HTTP attempt that got a response
+    failed_samples: int = 0  # of sends that failed: rejected, or to be sent again
+    sent_requests: int = 0  # accepted (2xx)
+    retried_requests: int = 0  # unavailable (5xx, 429, transport error): sent again later
+    rejected_requests: int = 0  # refused for good
+    last_latency_seconds: float = 0.0  # of the last request that got a response
     latency_seconds_sum: float = 0.0
     latency_seconds_count: int = 0
 
@@ -383,32 +247,29 @@ def _tls_verify(cfg: RemoteWriteConfig) -> ssl.SSLContext | bool:
 _NEVER_ACCEPTED = ("too old sample", "out of bounds")
 
 
-def _never_accepted(body: str) -> bool:
-    lowered = body.lower()
-    return any(marker in lowered for marker in _NEVER_ACCEPTED)
-
-
-class _Retryable(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after = retry_after
+def classify(
+    status: int, body: str, retry_after: str | None, url: str, *, now: float
+) -> RemoteWriteError | None:
+    """What an answer means: None for a 2xx, else the error to raise. ``body`` is the
+    receiver's answer, ``retry_after`` its Retry-After header, ``now`` the wall clock."""
+    if 200 <= status < 300:
+        return None
+    never = any(marker in body.lower() for marker in _NEVER_ACCEPTED)
+    if (status == 429 or status >= 500) and not never:
+        delay = _retry_after(retry_after, now)
+        return RemoteWriteUnavailable(status, body, url, retry_after=delay)
+    return RemoteWriteRejected(status, body, url)
 
 
 class RemoteWriter:
     """Sends series to one remote write receiver; see the module docstring."""
 
-    def __init__(
-        self,
-        cfg: RemoteWriteConfig,
-        *,
-        client: httpx.AsyncClient | None = None,
-        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-        jitter: Callable[[], float] = random.random,
-    ) -> None:
+    def __init__(self, cfg: RemoteWriteConfig, *, client: httpx.AsyncClient | None = None) -> None:
+        cfg.validate()
+        if not cfg.url:
+            raise ValueError("remote write url is empty (remote write is off)")
         self.cfg = cfg
         self.stats = RemoteWriteStats()
-        self._sleep = sleep
-        self._jitter = jitter
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             verify=_tls_verify(cfg), timeout=cfg.timeout_seconds
@@ -447,14 +308,16 @@ class RemoteWriter:
     # ---- sending
 
     async def send(self, series: Sequence[Series]) -> None:
-        """Send every sample of ``series``; returns only when all requests got a 2xx.
+        """Send every sample of ``series``, one attempt per request (of at most
+        ``max_samples_per_send`` samples); returns when every request got a 2xx.
 
-        Raises :class:`RemoteWriteRejected` (non-retryable 4xx) or
-        :class:`RemoteWriteUnavailable` (retries exhausted); requests sent before the
-        failing one stay accepted, so resending the whole call only duplicates samples,
-        which receivers accept (same timestamp, same value).
+        Raises at the first request that did not: :class:`RemoteWriteUnavailable` (send
+        again later) or :class:`RemoteWriteRejected` (final); ValueError if ``series``
+        cannot be encoded (a duplicate label name). Requests before the failing one stay
+        accepted: sending ``series`` again duplicates their samples (same timestamps, same
+        values), which receivers accept.
         """
-        total = _sample_count(series)
+        total = sum(len(samples) for _, samples in series)
         if total == 0:
             return
         requests = encode_requests(series, self.cfg.max_samples_per_send)
@@ -462,7 +325,7 @@ class RemoteWriter:
         done = 0
         try:
             for body, n in requests:
-                await self._send_request(body, n)
+                await self._post(body)
                 done += n
                 self.stats.sent_samples += n
         except BaseException:
@@ -485,69 +348,37 @@ class RemoteWriter:
             headers["Authorization"] = "Basic " + base64.b64encode(userpass).decode()
         return headers
 
-    def _backoff(self, attempt: int) -> float:
-        cfg = self.cfg
-        base = min(cfg.max_backoff_seconds, cfg.min_backoff_seconds * 2.0**attempt)
-        return base * (0.5 + 0.5 * self._jitter())  # jitter: 50-100 % of the step
-
-    async def _send_request(self, body: bytes, samples: int) -> None:
-        attempt = 0
-        while True:
-            try:
-                await self._attempt(body)
-                self.stats.sent_requests += 1
-                return
-            except RemoteWriteRejected:
-                self.stats.rejected_requests += 1
-                raise
-            except _Retryable as err:
-                if attempt >= self.cfg.max_retries:
-                    self.stats.failed_requests += 1
-                    log.error(
-                        "remote write to %s failed after %d attempts, %d samples: %s",
-                        self.cfg.url,
-                        attempt + 1,
-                        samples,
-                        err,
-                    )
-                    raise RemoteWriteUnavailable(
-                        f"remote write to {self.cfg.url} failed after {attempt + 1} attempts: {err}"
-                    ) from err
-                delay = self._backoff(attempt)
-                if err.retry_after is not None:
-                    delay = max(delay, err.retry_after)
-                log.warning(
-                    "remote write to %s: %s; retry %d in %.2fs",
-                    self.cfg.url,
-                    err,
-                    attempt + 1,
-                    delay,
-                )
-                self.stats.retried_requests += 1
-                attempt += 1
-                await self._sleep(delay)
-
-    async def _attempt(self, body: bytes) -> None:
+    async def _post(self, body: bytes) -> None:
+        """One attempt at one request; the counters say how it went."""
+        url = self.cfg.url
+        try:
+            headers = self._headers()
+        except OSError as exc:  # the token file, mid-rotation: try again later
+            self.stats.retried_requests += 1
+            reason = f"bearer_token_file {self.cfg.bearer_token_file}: {exc.strerror}"
+            raise RemoteWriteUnavailable(None, reason, url) from exc
         started = time.monotonic()
         try:
             resp = await self._client.post(
-                self.cfg.url,
-                content=body,
-                headers=self._headers(),
-                timeout=self.cfg.timeout_seconds,
+                url, content=body, headers=headers, timeout=self.cfg.timeout_seconds
             )
         except httpx.TransportError as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+            self.stats.retried_requests += 1
+            raise RemoteWriteUnavailable(None, f"{type(exc).__name__}: {exc}", url) from exc
         latency = time.monotonic() - started
         self.stats.last_latency_seconds = latency
         self.stats.latency_seconds_sum += latency
         self.stats.latency_seconds_count += 1
-        status = resp.status_code
-        if 200 <= status < 300:
+        text = "" if resp.is_success else resp.text[:_BODY_LOG_LIMIT].strip()
+        error = classify(
+            resp.status_code, text, resp.headers.get("Retry-After"), url, now=time.time()
+        )
+        if error is None:
+            self.stats.sent_requests += 1
             return
-        text = resp.text[:_BODY_LOG_LIMIT].strip()
-        if (status == 429 or status >= 500) and not _never_accepted(text):
-            retry_after = _retry_after(resp.headers.get("Retry-After"), time.time())
-            raise _Retryable(f"HTTP {status}: {text}", retry_after)
-        log.error("remote write to %s rejected: HTTP %d: %s", self.cfg.url, status, text)
-        raise RemoteWriteRejected(status, text, self.cfg.url)
+        if isinstance(error, RemoteWriteRejected):
+            self.stats.rejected_requests += 1
+            log.error("%s", error)
+        else:
+            self.stats.retried_requests += 1
+        raise error

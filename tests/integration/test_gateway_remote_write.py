@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import cramjam
+import pytest
 from aiohttp import web
 
-from cloud_gateway.config import RemoteWriteSection
+from cloud_gateway.remote_write import RemoteWriteConfig
 from edge_agent.config import SpoolConfig
 from harness.fleet import (
     agent_config,
@@ -26,7 +28,7 @@ from harness.fleet import (
 )
 from harness.waiting import wait_for
 from tests.promtool_support import unexpected_findings
-from tests.unit.test_remote_write import decode_write_request
+from tests.unit.test_prompb import decode_write_request
 
 NODE = "edge-rw"
 
@@ -76,10 +78,8 @@ async def fake_receiver() -> AsyncIterator[FakeReceiver]:
         await runner.cleanup()
 
 
-def rw_section(url: str) -> RemoteWriteSection:
-    return RemoteWriteSection(
-        url=url, max_retries=0, min_backoff_seconds=0.01, max_backoff_seconds=0.05
-    )
+def rw_section(url: str) -> RemoteWriteConfig:
+    return RemoteWriteConfig(url=url, min_backoff_seconds=0.01, max_backoff_seconds=0.05)
 
 
 async def test_samples_arrive_with_their_timestamps_and_acks_follow(
@@ -137,6 +137,23 @@ async def test_nothing_is_acknowledged_while_the_receiver_is_down(tmp_path: Path
                 await wait_for(lambda: agent.tunnel.stats.acked_seq >= last)  # type: ignore[union-attr]
     assert len(receiver.timestamps("DCGM_FI_DEV_GPU_UTIL")) >= last
     assert gw.ingest.forward_stats.dropped == 0
+    # One retry loop: every 503 is one request of one send, sent again by the forwarder.
+    assert gw.remote_write is not None
+    assert gw.remote_write.stats.retried_requests == receiver.refused
+    assert gw.ingest.forward_stats.unavailable == receiver.refused
+
+
+async def test_an_old_config_with_max_retries_starts_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pki = make_pki(tmp_path)
+    rw = dataclasses.replace(rw_section("http://127.0.0.1:9/api/v1/write"), max_retries=10)
+    cfg = dataclasses.replace(gateway_config(pki), remote_write=rw)
+    with caplog.at_level(logging.WARNING, logger="cloud_gateway"):
+        async with running_gateway(cfg):
+            pass
+    (line,) = [r.getMessage() for r in caplog.records if "max_retries" in r.getMessage()]
+    assert line.startswith("remote_write.max_retries is deprecated and ignored")
 
 
 async def test_a_held_channel_still_notices_the_agent_leaving(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ and a real Prometheus receiver.
 - The ``[spool]`` and ``[remote_write]`` sections written in README.md,
   docs/operator-guide.md, deploy/prometheus/README.md, the installer and the Kubernetes
   ConfigMaps use the real key names and defaults (``edge_agent.config.SpoolConfig``,
-  ``cloud_gateway.config.RemoteWriteSection``) and load with the real config loaders.
+  ``cloud_gateway.remote_write.RemoteWriteConfig``; deprecated keys are not written down)
+  and load with the real config loaders; no doc or deploy file sets a deprecated key.
 - deploy/prometheus/remote-write-receiver.yml, run by a real ``prometheus`` binary with
   ``--web.enable-remote-write-receiver``, stores a sample as old as the oldest one a
   default spool can hold, with its exact timestamp, and refuses one older than its
@@ -29,13 +30,9 @@ import yaml
 
 from cloud_gateway import config as gateway_config
 from cloud_gateway import gateway_metrics
-from cloud_gateway.remote_write import (
-    PROTOCOL_HEADERS,
-    Series,
-    encode_write_request,
-    snappy_compress,
-)
-from edge_agent import tunnel
+from cloud_gateway.prompb import Series, encode_write_request, snappy_compress
+from cloud_gateway.remote_write import PROTOCOL_HEADERS, RemoteWriteConfig
+from edge_agent import outbox, tunnel
 from edge_agent.config import SpoolConfig
 from gpurelay.model import Family
 from harness.prometheus import running_receiver
@@ -162,10 +159,10 @@ def test_spool_age_bound_fits_in_the_receivers_window() -> None:
 
 def test_operator_guide_lists_every_remote_write_key_with_its_default() -> None:
     table = toml_table(GUIDE, "remote_write")
-    fields = dataclasses.fields(gateway_config.RemoteWriteSection)
-    assert set(table) == {f.name for f in fields}
+    fields = dataclasses.fields(RemoteWriteConfig)
+    assert set(table) == {f.name for f in fields if "deprecated" not in f.metadata}
     assert table["url"] == "", "off unless a url is set"
-    defaults = gateway_config.RemoteWriteSection()
+    defaults = RemoteWriteConfig()
     for key, value in table.items():
         want = getattr(defaults, key)
         assert as_config_value(value, want) == want, key
@@ -206,14 +203,15 @@ def test_remote_write_examples_load_with_the_gateway_config(where: str, tmp_path
     cfg = gateway_config.load(path, {})
     written = tomllib.loads(text)["remote_write"]
     assert cfg.remote_write.url == written["url"]
+    assert cfg.remote_write.deprecated() == [], "examples set no deprecated key"
     client = gateway_config.check_remote_write(cfg.remote_write)
     assert (client is None) == (written["url"] == "")
 
 
 def defined_metric_names() -> set[str]:
-    """Every metric family the agent's tunnel and the gateway define."""
+    """Every metric family the agent's tunnel and outbox (spool) and the gateway define."""
     names: set[str] = set()
-    for module in (gateway_metrics, tunnel):
+    for module in (gateway_metrics, tunnel, outbox):
         for value in vars(module).values():
             for item in value if isinstance(value, tuple) else (value,):
                 if isinstance(item, Family):

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter, Series
+from cloud_gateway.prompb import Series
+from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
 from harness.prometheus import running_receiver
 
 CONFIG = """\
@@ -75,7 +76,6 @@ async def test_backlog_with_original_timestamps_is_stored_exactly(prometheus: st
         url=f"{prometheus}/api/v1/write",
         max_samples_per_send=50,
         timeout_seconds=10,
-        max_retries=3,
     )
     async with RemoteWriter(cfg) as writer:
         await writer.send([(labels(g), s) for g, s in live.items()])

@@ -40,11 +40,24 @@ def test_remote_write_from_toml_and_environment(tmp_path: Path) -> None:
     assert cfg.remote_write.max_queued_batches_per_node == 32
 
 
+def test_max_retries_is_still_accepted_but_deprecated(tmp_path: Path) -> None:
+    """Retries are the forwarder's, until the receiver takes or refuses a batch: an old
+    config that sets max_retries still loads; startup logs the deprecated() line."""
+    f = tmp_path / "gateway.toml"
+    f.write_text('[remote_write]\nurl = "http://x"\nmax_retries = 10\n')
+    for env in ({}, {"CLOUD_GATEWAY_REMOTE_WRITE_MAX_RETRIES": "3"}):
+        cfg = load(f, env)
+        assert check_remote_write(cfg.remote_write) is cfg.remote_write
+        (line,) = cfg.remote_write.deprecated()
+        assert "remote_write.max_retries is deprecated and ignored" in line
+    assert load(None, {}).remote_write.deprecated() == []
+
+
 @pytest.mark.parametrize(
     ("toml", "env", "message"),
     [
         ('url = "ftp://x"\n', {}, "remote_write: remote write url must be http(s)://"),
-        ('url = "http://x"\nmax_retries = -1\n', {}, "remote_write: max_retries must be >= 0"),
+        ('url = "http://x"\nmin_backoff_seconds = 9\n', {}, "remote_write: need 0 <= min_backoff"),
         (
             'url = "http://x"\nbearer_token = "a"\nbasic_user = "b"\n',
             {},
@@ -52,6 +65,7 @@ def test_remote_write_from_toml_and_environment(tmp_path: Path) -> None:
         ),
         ('url = "http://x"\nheaders = ["nocolon"]\n', {}, "header must be 'Name: value'"),
         ("max_queued_batches_per_node = 0\n", {}, "max_queued_batches_per_node must be >= 1"),
+        ("headers = ['Host: x']\n", {}, "remote_write: header 'Host' is set by the remote"),
         ("timeout_seconds = 'soon'\n", {}, "remote_write.timeout_seconds must be of type float"),
         ("urll = 'x'\n", {}, "unknown key(s) in remote_write: urll"),
         ("", {"CLOUD_GATEWAY_REMOTE_WRITE_MAX_RETRIES": "many"}, "must be of type int"),

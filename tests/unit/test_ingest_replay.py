@@ -11,12 +11,13 @@ import httpx
 import pytest
 
 from cloud_gateway.ingest import Ingest, NodeSession
+from cloud_gateway.prompb import Series
 from cloud_gateway.registry import Registry
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter, Series
+from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.record import RecordEncoder
 from gpurelay.wire import Ack, Batch, Declare, Frame, Hello, Replay, SeriesDecl, WireError
-from tests.unit.test_remote_write import decode_write_request
+from tests.unit.test_prompb import decode_write_request
 
 URL = "http://receiver.test/api/v1/write"
 T0 = 1_790_000_000.0
@@ -45,8 +46,7 @@ class Receiver:
 
     def writer(self) -> RemoteWriter:
         client = httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
-        cfg = RemoteWriteConfig(url=URL, max_retries=0, min_backoff_seconds=0.0)
-        return RemoteWriter(cfg, client=client)
+        return RemoteWriter(RemoteWriteConfig(url=URL), client=client)
 
     def timestamps(self) -> set[int]:
         return {ts for req in self.requests for _, points in req for ts, _ in points}
@@ -229,7 +229,8 @@ async def test_a_refused_collection_is_acknowledged_dropped_and_counted(
     assert all(ingest.delivery.is_delivered(NODE, s) for s in (1, 2, 3))
     (refused,) = [r for r in caplog.records if "seq 2" in r.getMessage()]
     assert refused.name.endswith(f"node.{NODE}") and "out of order sample" in refused.getMessage()
-    assert ingest.remote_write is not None and ingest.remote_write.stats.rejected_requests == 2
+    assert ingest.delivery.remote_write is not None
+    assert ingest.delivery.remote_write.stats.rejected_requests == 2
     agent.session.closed("test")
 
 

@@ -1,10 +1,12 @@
-"""Remote write 1.0 client: protobuf encoding, snappy, retries, splitting, auth, back-pressure."""
+"""Remote write 1.0 client: one attempt per request and what the answer means (accepted,
+unavailable, rejected), splitting, auth, back-pressure; and the forwarder's backoff, the
+one retry loop on the path. The encoding itself: test_prompb.py."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import struct
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,152 +16,18 @@ import httpx
 import pytest
 
 from cloud_gateway import __version__
+from cloud_gateway.forwarding import Collection, Forwarder, ForwardStats
+from cloud_gateway.prompb import Series
 from cloud_gateway.remote_write import (
     RemoteWriteConfig,
     RemoteWriter,
     RemoteWriteRejected,
     RemoteWriteUnavailable,
-    Series,
-    encode_write_request,
-    snappy_compress,
-    split_series,
+    classify,
 )
+from tests.unit.test_prompb import decode_write_request
 
 URL = "http://receiver.test/api/v1/write"
-
-# ---------------------------------------------------------------- a tiny protobuf decoder
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return result, i
-
-
-def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
-    """(field number, wire type, raw value) of every field in ``buf``."""
-    out: list[tuple[int, int, Any]] = []
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 1:
-            value, i = buf[i : i + 8], i + 8
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i : i + n], i + n
-        else:
-            raise AssertionError(f"unexpected wire type {wire}")
-        out.append((field, wire, value))
-    assert i == len(buf)
-    return out
-
-
-def decode_write_request(buf: bytes) -> list[Series]:
-    series: list[Series] = []
-    for field, wire, ts in _fields(buf):
-        assert (field, wire) == (1, 2)
-        labels: list[tuple[str, str]] = []
-        samples: list[tuple[int, float]] = []
-        for f, w, v in _fields(ts):
-            assert w == 2
-            if f == 1:
-                kv = {lf: lv.decode() for lf, lw, lv in _fields(v)}
-                labels.append((kv.get(1, ""), kv.get(2, "")))
-            elif f == 2:
-                value, timestamp = 0.0, 0
-                for sf, sw, sv in _fields(v):
-                    if sf == 1:
-                        assert sw == 1
-                        value = struct.unpack("<d", sv)[0]
-                    elif sf == 2:
-                        assert sw == 0
-                        timestamp = sv - (1 << 64) if sv >= 1 << 63 else sv
-                samples.append((timestamp, value))
-            else:
-                raise AssertionError(f"unexpected TimeSeries field {f}")
-        series.append((tuple(labels), samples))
-    return series
-
-
-# ---------------------------------------------------------------- encoding
-
-
-def test_encoding_byte_exact_against_hand_decoded_reference() -> None:
-    series: list[Series] = [((("job", "a"), ("__name__", "up")), [(2000, 0.5), (1000, 1.0)])]
-    label_name = b"\x0a\x08__name__\x12\x02up"  # Label{name=1 "__name__", value=2 "up"}
-    label_job = b"\x0a\x03job\x12\x01a"
-    sample_1 = b"\x09" + bytes.fromhex("000000000000f03f") + b"\x10\xe8\x07"  # 1.0 @ 1000
-    sample_2 = b"\x09" + bytes.fromhex("000000000000e03f") + b"\x10\xd0\x0f"  # 0.5 @ 2000
-    timeseries = (
-        b"\x0a\x0e" + label_name + b"\x0a\x08" + label_job  # labels sorted by name
-        + b"\x12\x0c" + sample_1 + b"\x12\x0c" + sample_2  # samples in timestamp order
-    )  # fmt: skip
-    assert len(timeseries) == 0x36
-    assert encode_write_request(series) == b"\x0a\x36" + timeseries
-
-
-def test_encoding_defaults_negative_timestamp_and_empty_request() -> None:
-    # proto3: value 0.0 is omitted; int64 -1 is a 10-byte varint; -0.0 is not the default.
-    assert encode_write_request([((("__name__", "x"),), [(-1, 0.0)])]) == (
-        b"\x0a\x1c" + b"\x0a\x0d\x0a\x08__name__\x12\x01x" + b"\x12\x0b\x10" + b"\xff" * 9 + b"\x01"
-    )
-    assert encode_write_request([((("__name__", "x"),), [(0, -0.0)])]).endswith(
-        b"\x12\x09\x09" + struct.pack("<d", -0.0)
-    )
-    assert encode_write_request([]) == b""
-
-
-def test_round_trip_through_decoder() -> None:
-    series: list[Series] = [
-        (
-            (("gpu", "0"), ("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("node", "edge-ü")),
-            [(1_700_000_003_000, 3.0), (1_700_000_001_000, 1.25), (1_700_000_002_000, -7e300)],
-        ),
-        ((("__name__", "gpurelay_up"), ("empty", "")), [(5, float("inf")), (4, 0.0)]),
-    ]
-    decoded = decode_write_request(encode_write_request(series))
-    assert decoded == [
-        (
-            (("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "0"), ("node", "edge-ü")),
-            [(1_700_000_001_000, 1.25), (1_700_000_002_000, -7e300), (1_700_000_003_000, 3.0)],
-        ),
-        ((("__name__", "gpurelay_up"),), [(4, 0.0), (5, float("inf"))]),  # empty label dropped
-    ]
-    nan = decode_write_request(encode_write_request([((("__name__", "n"),), [(1, float("nan"))])]))
-    assert nan[0][1][0][1] != nan[0][1][0][1]
-
-
-def test_duplicate_label_names_refused() -> None:
-    with pytest.raises(ValueError, match="duplicate"):
-        encode_write_request([((("__name__", "a"), ("__name__", "b")), [(1, 1.0)])])
-
-
-def test_snappy_block_round_trip() -> None:
-    body = encode_write_request([((("__name__", "m"),), [(i, float(i)) for i in range(500)])])
-    compressed = snappy_compress(body)
-    assert len(compressed) < len(body)
-    assert not compressed.startswith(b"\xff\x06\x00\x00sNaPpY")  # block, not framed
-    assert bytes(cramjam.snappy.decompress_raw(compressed)) == body
-
-
-def test_split_series_bounds_requests_and_keeps_order() -> None:
-    a: Series = ((("__name__", "a"),), [(t, 1.0) for t in (5, 1, 4, 2, 3)])
-    b: Series = ((("__name__", "b"),), [(1, 2.0), (2, 2.0)])
-    empty: Series = ((("__name__", "c"),), [])
-    batches = list(split_series([a, empty, b], 2))
-    assert [sum(len(s) for _, s in batch) for batch in batches] == [2, 2, 2, 1]
-    flat = [(labels[0][1], t) for batch in batches for labels, samples in batch for t, _ in samples]
-    assert flat == [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 5), ("b", 1), ("b", 2)]
-
 
 # ---------------------------------------------------------------- config
 
@@ -178,21 +46,38 @@ def test_split_series_bounds_requests_and_keeps_order() -> None:
     ],
 )
 def test_config_validation(kwargs: dict[str, Any], match: str) -> None:
+    cfg = RemoteWriteConfig(**{"url": URL, **kwargs})
     with pytest.raises(ValueError, match=match):
-        RemoteWriteConfig(**{"url": URL, **kwargs})
+        cfg.validate()
+    with pytest.raises(ValueError, match=match):
+        RemoteWriter(cfg)
+
+
+def test_a_writer_needs_a_url() -> None:
+    RemoteWriteConfig().validate()  # url "" is remote write off: valid
+    with pytest.raises(ValueError, match="url is empty"):
+        RemoteWriter(RemoteWriteConfig())
+
+
+def test_max_retries_is_accepted_deprecated_and_ignored() -> None:
+    assert RemoteWriteConfig(url=URL).deprecated() == []
+    (line,) = RemoteWriteConfig(url=URL, max_retries=10).deprecated()
+    assert line.startswith("remote_write.max_retries is deprecated and ignored")
 
 
 # ---------------------------------------------------------------- the writer
 
 
-Handler = Callable[[httpx.Request], Any]
-
-
 class Recorder:
+    """A receiver behind httpx.MockTransport answering ``responses`` in turn (then 204),
+    and the writer and forwarder in front of it; the forwarder's sleeps are recorded."""
+
     def __init__(self, *responses: httpx.Response | Exception) -> None:
         self.responses = list(responses)
         self.requests: list[httpx.Request] = []
         self.sleeps: list[float] = []
+        self.delivered: list[int] = []
+        self.failures: list[str] = []  # the forwarder's own failures (bugs): none expected
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -208,11 +93,23 @@ class Recorder:
 
     def writer(self, **cfg: Any) -> RemoteWriter:
         client = httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
-        return RemoteWriter(
-            RemoteWriteConfig(**{"url": URL, **cfg}),
-            client=client,
+        return RemoteWriter(RemoteWriteConfig(**{"url": URL, **cfg}), client=client)
+
+    def forwarder(
+        self,
+        writer: RemoteWriter,
+        backoff: tuple[float, float] = (0.1, 0.4),
+        jitter: Callable[[], float] = lambda: 1.0,
+    ) -> Forwarder:
+        return Forwarder(
+            writer,
+            log=logging.getLogger("test.forwarding"),
+            delivered=self.delivered.append,
+            failed=self.failures.append,
+            stats=ForwardStats(),
+            backoff=backoff,
             sleep=self.sleep,
-            jitter=lambda: 1.0,
+            jitter=jitter,
         )
 
     def decoded(self, i: int) -> list[Series]:
@@ -239,7 +136,6 @@ async def test_success_headers_and_body() -> None:
     assert (w.stats.sent_samples, w.stats.pending_samples, w.stats.sent_requests) == (2, 0, 1)
     assert w.stats.latency_seconds_count == 1
     assert w.stats.last_latency_seconds >= 0
-    assert rec.sleeps == []
 
 
 async def test_basic_auth() -> None:
@@ -279,25 +175,64 @@ async def test_splits_into_requests_of_at_most_max_samples() -> None:
     assert w.stats.sent_requests == 3
 
 
-async def test_5xx_then_200_is_retried_with_backoff() -> None:
-    rec = Recorder(httpx.Response(503, text="busy"), httpx.Response(500), httpx.Response(200))
-    w = rec.writer(min_backoff_seconds=0.1, max_backoff_seconds=0.15)
-    await w.send(SERIES)
-    assert len(rec.requests) == 3
-    assert rec.requests[0].content == rec.requests[2].content
-    assert rec.sleeps == [0.1, 0.15]  # exponential, capped (jitter pinned at 100 %)
-    assert w.stats.retried_requests == 2
-    assert w.stats.sent_samples == 2
-    assert w.stats.failed_samples == 0
+# ---------------------------------------------------------------- one attempt, classified
 
 
-async def test_429_honours_retry_after() -> None:
-    rec = Recorder(httpx.Response(429, headers={"Retry-After": "7"}), httpx.Response(200))
+@pytest.mark.parametrize(
+    ("status", "body", "retry_after", "outcome", "delay"),
+    [
+        (200, "", None, None, None),
+        (204, "", "7", None, None),
+        (503, "busy", None, RemoteWriteUnavailable, None),
+        (500, "", "2.5", RemoteWriteUnavailable, 2.5),
+        (429, "slow down", "7", RemoteWriteUnavailable, 7.0),
+        (429, "", "Fri, 14 Nov 2025 12:00:10 GMT", RemoteWriteUnavailable, 10.0),
+        (429, "", "soon", RemoteWriteUnavailable, None),  # unreadable: no floor
+        (503, "", "86400", RemoteWriteUnavailable, 300.0),  # honoured up to 5 minutes
+        (400, "out of order sample", "7", RemoteWriteRejected, None),
+        (404, "", None, RemoteWriteRejected, None),
+        (413, "", None, RemoteWriteRejected, None),
+        (302, "", None, RemoteWriteRejected, None),
+        (500, "too old sample", None, RemoteWriteRejected, None),  # Prometheus < 2.49
+        (500, "Out of bounds", None, RemoteWriteRejected, None),
+    ],
+)
+def test_classify(
+    status: int, body: str, retry_after: str | None, outcome: type | None, delay: float | None
+) -> None:
+    now = 1_763_121_600.0  # Fri, 14 Nov 2025 12:00:00 GMT
+    error = classify(status, body, retry_after, URL, now=now)
+    if outcome is None:
+        assert error is None
+        return
+    assert error is not None and type(error) is outcome
+    assert (error.status, error.body, error.url) == (status, body, URL)
+    assert f"HTTP {status}: {body}" in str(error) and URL in str(error)
+    if isinstance(error, RemoteWriteUnavailable):
+        assert error.retry_after == delay
+
+
+async def test_5xx_is_one_attempt_then_unavailable() -> None:
+    rec = Recorder(httpx.Response(503, text="busy"))
     w = rec.writer()
-    await w.send(SERIES)
-    assert rec.sleeps == [7.0]
+    with pytest.raises(RemoteWriteUnavailable) as info:
+        await w.send(SERIES)
+    assert len(rec.requests) == 1
+    assert (info.value.status, info.value.body, info.value.retry_after) == (503, "busy", None)
     assert w.stats.retried_requests == 1
-    assert w.stats.sent_samples == 2
+    assert w.stats.sent_samples == 0
+    assert w.stats.failed_samples == 2
+    assert w.stats.pending_samples == 0
+
+
+async def test_429_carries_retry_after() -> None:
+    rec = Recorder(httpx.Response(429, headers={"Retry-After": "7"}))
+    w = rec.writer()
+    with pytest.raises(RemoteWriteUnavailable) as info:
+        await w.send(SERIES)
+    assert info.value.retry_after == 7.0
+    assert len(rec.requests) == 1
+    assert w.stats.retried_requests == 1
 
 
 async def test_400_is_rejected_with_body_and_not_retried(caplog: pytest.LogCaptureFixture) -> None:
@@ -309,7 +244,6 @@ async def test_400_is_rejected_with_body_and_not_retried(caplog: pytest.LogCaptu
     assert info.value.status == 400
     assert info.value.body == body
     assert len(rec.requests) == 1
-    assert rec.sleeps == []
     assert w.stats.rejected_requests == 1
     assert w.stats.failed_samples == 2
     assert w.stats.sent_samples == 0
@@ -324,27 +258,159 @@ async def test_old_prometheus_500_for_too_old_samples_is_final() -> None:
     w = rec.writer()
     with pytest.raises(RemoteWriteRejected) as info:
         await w.send(SERIES)
-    assert (info.value.status, len(rec.requests), rec.sleeps) == (500, 1, [])
+    assert (info.value.status, len(rec.requests)) == (500, 1)
 
 
-async def test_transport_error_is_retried() -> None:
-    rec = Recorder(httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), httpx.Response(204))
+async def test_transport_error_is_unavailable() -> None:
+    rec = Recorder(httpx.ConnectError("refused"))
     w = rec.writer()
-    await w.send(SERIES)
-    assert len(rec.requests) == 3
-    assert w.stats.retried_requests == 2
-    assert w.stats.sent_samples == 2
+    with pytest.raises(RemoteWriteUnavailable) as info:
+        await w.send(SERIES)
+    assert len(rec.requests) == 1
+    assert info.value.status is None
+    assert info.value.body == "ConnectError: refused"
+    assert str(info.value) == f"remote write to {URL} unavailable: ConnectError: refused"
+    assert w.stats.retried_requests == 1
+    assert w.stats.latency_seconds_count == 0
 
 
-async def test_retries_exhausted_raise_unavailable() -> None:
-    rec = Recorder(*[httpx.Response(502) for _ in range(4)])
-    w = rec.writer(max_retries=2, max_samples_per_send=1)
+async def test_unreadable_token_file_is_unavailable(tmp_path: Path) -> None:
+    rec = Recorder()
+    w = rec.writer(bearer_token_file=tmp_path / "rotating")
+    with pytest.raises(RemoteWriteUnavailable, match="bearer_token_file"):
+        await w.send(SERIES)
+    assert rec.requests == []
+
+
+async def test_a_send_stops_at_the_first_request_not_taken() -> None:
+    """Requests before it stay accepted; sending again duplicates them (same samples)."""
+    rec = Recorder(httpx.Response(204), httpx.Response(502))
+    w = rec.writer(max_samples_per_send=1)
     with pytest.raises(RemoteWriteUnavailable):
         await w.send(SERIES)
-    assert len(rec.requests) == 3
-    assert w.stats.failed_requests == 1
-    assert w.stats.failed_samples == 2  # the failed request and the one never sent
+    assert len(rec.requests) == 2
+    assert w.stats.sent_requests == 1
+    assert w.stats.sent_samples == 1
+    assert w.stats.failed_samples == 1  # the failed request's sample
     assert w.stats.pending_samples == 0
+
+    rec = Recorder(httpx.Response(502), httpx.Response(204))
+    w = rec.writer(max_samples_per_send=1)
+    with pytest.raises(RemoteWriteUnavailable):
+        await w.send(SERIES)
+    assert len(rec.requests) == 1
+    assert w.stats.failed_samples == 2  # the failed request and the one never sent
+
+
+# ---------------------------------------------------------------- the forwarder's backoff
+
+
+async def settle(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    async def wait() -> None:
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(wait(), timeout)
+
+
+def collection(seq: int) -> Collection:
+    labels = (("__name__", "m"), ("gpu", "0"))
+    return Collection(seq=seq, timestamp_ms=seq * 1000, samples=[(labels, 1.0)], replayed=False)
+
+
+async def test_one_retry_loop_the_forwarders() -> None:
+    """A receiver answering 503 N times: one send of the writer alone POSTs once; the
+    forwarder POSTs N + 1 times, waiting longer each time up to the longest delay."""
+    n = 5
+    alone = Recorder(*[httpx.Response(503) for _ in range(n)])
+    with pytest.raises(RemoteWriteUnavailable):
+        await alone.writer().send(SERIES)
+    assert len(alone.requests) == 1
+
+    rec = Recorder(*[httpx.Response(503) for _ in range(n)])
+    w = rec.writer()
+    fwd = rec.forwarder(w, backoff=(0.1, 1.0))
+    fwd.put(collection(1))
+    await settle(lambda: rec.delivered == [1])
+    assert len(rec.requests) == n + 1
+    assert all(r.content == rec.requests[0].content for r in rec.requests)
+    assert rec.sleeps == [0.1, 0.2, 0.4, 0.8, 1.0]  # doubling, capped (jitter pinned at 100 %)
+    assert w.stats.retried_requests == n
+    assert w.stats.sent_samples == 1
+    assert fwd.stats.unavailable == n
+    assert fwd.stats.delivered == 1
+    fwd.close()
+    assert rec.failures == []
+
+
+async def test_backoff_jitter_and_reset_after_success() -> None:
+    rec = Recorder(httpx.Response(500), httpx.Response(500), httpx.Response(204))
+    rec.responses += [httpx.Response(500), httpx.Response(204)]
+    fwd = rec.forwarder(rec.writer(), backoff=(0.1, 0.4), jitter=lambda: 0.0)
+    fwd.put(collection(1))
+    await settle(lambda: rec.delivered == [1])
+    fwd.put(collection(2))
+    await settle(lambda: rec.delivered == [1, 2])
+    assert rec.sleeps == [0.05, 0.1, 0.05]  # 50 % of each step; a success starts over
+    fwd.close()
+    assert rec.failures == []
+
+
+async def test_retry_after_is_a_floor_for_the_backoff() -> None:
+    rec = Recorder(
+        httpx.Response(429, headers={"Retry-After": "7"}),
+        httpx.Response(503, headers={"Retry-After": "0"}),
+    )
+    fwd = rec.forwarder(rec.writer(), backoff=(0.1, 0.4))
+    fwd.put(collection(1))
+    await settle(lambda: rec.delivered == [1])
+    assert rec.sleeps == [7.0, 0.2]  # longer than the backoff: honoured; shorter: ignored
+    fwd.close()
+    assert rec.failures == []
+
+
+async def test_transport_errors_are_retried_by_the_forwarder() -> None:
+    rec = Recorder(httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), httpx.Response(204))
+    w = rec.writer()
+    fwd = rec.forwarder(w)
+    fwd.put(collection(1))
+    await settle(lambda: rec.delivered == [1])
+    assert len(rec.requests) == 3
+    assert w.stats.retried_requests == 2
+    assert w.stats.sent_samples == 1
+    fwd.close()
+    assert rec.failures == []
+
+
+async def test_the_retry_log_line_names_url_status_answer_and_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec = Recorder(httpx.Response(503, text="ingester busy"))
+    fwd = rec.forwarder(rec.writer(), backoff=(0.25, 1.0))
+    with caplog.at_level(logging.WARNING):
+        fwd.put(collection(1))
+        await settle(lambda: rec.delivered == [1])
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "test.forwarding"]
+    assert line == (
+        f"remote write to {URL} unavailable: HTTP 503: ingester busy; "
+        "keeping 1 collection(s) unacknowledged, retry in 0.25s"
+    )
+    fwd.close()
+    assert rec.failures == []
+
+
+async def test_a_refused_collection_is_dropped_without_backoff() -> None:
+    rec = Recorder(httpx.Response(400, text="out of order sample"))
+    fwd = rec.forwarder(rec.writer())
+    fwd.put(collection(1))
+    await settle(lambda: rec.delivered == [1])
+    assert (len(rec.requests), rec.sleeps) == (1, [])
+    assert (fwd.stats.dropped, fwd.stats.delivered) == (1, 0)
+    fwd.close()
+    assert rec.failures == []
+
+
+# ---------------------------------------------------------------- back-pressure
 
 
 async def test_back_pressure_blocks_until_space_frees() -> None:
