@@ -56,7 +56,10 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RegistryConfig:
+class RegistrySection:
+    """``[registry]``: node liveness (the store's own :class:`~cloud_gateway.registry.RegistryConfig`
+    is built from it in ``app.py``)."""
+
     stale_after_intervals: float = 3.0
     offline_grace_seconds: float = 300.0
 
@@ -67,7 +70,7 @@ class GatewayConfig:
     drain_seconds: float = 5.0
     ssh: SshConfig = field(default_factory=SshConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
-    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    registry: RegistrySection = field(default_factory=RegistrySection)
     # Declared with the client that reads it (cloud_gateway.remote_write); url = "": off.
     remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
 

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from cloud_gateway import certs
 from cloud_gateway.app import Gateway
-from cloud_gateway.config import GatewayConfig, HttpConfig, RegistryConfig, SshConfig
+from cloud_gateway.config import GatewayConfig, HttpConfig, RegistrySection, SshConfig
 from edge_agent.app import Agent
 from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig, TunnelConfig
 
@@ -54,7 +54,7 @@ def gateway_config(
             revocation_file=pki.ca.revocations,
         ),
         http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
-        registry=RegistryConfig(**registry),
+        registry=RegistrySection(**registry),
     )
 
 
