@@ -57,8 +57,8 @@ class HttpConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RegistrySection:
-    """``[registry]``: node liveness (the store's own :class:`~cloud_gateway.registry.RegistryConfig`
-    is built from it in ``app.py``)."""
+    """``[registry]``: node liveness. The store's own
+    :class:`~cloud_gateway.registry.RegistryConfig` is built from it in ``app.py``."""
 
     stale_after_intervals: float = 3.0
     offline_grace_seconds: float = 300.0
