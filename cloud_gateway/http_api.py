@@ -211,7 +211,7 @@ async def bie_collect(request: web.Request) -> web.Response:
     return web.json_response(bie_document(state.registry, state.clock()))
 
 
-def node_summary(
+def node_document(
     view: NodeView, now: float, endpoints: EndpointTable | None = None
 ) -> dict[str, Any]:
     published = endpoints.published_via(view.name) if endpoints is not None else []
@@ -239,7 +239,7 @@ def node_summary(
 
 
 def node_detail(view: NodeView, now: float, endpoints: EndpointTable) -> dict[str, Any]:
-    doc = node_summary(view, now, endpoints)
+    doc = node_document(view, now, endpoints)
     doc["gpus"] = [dataclasses.asdict(g) for g in view.gpus]
     doc["recent_errors"] = [{"time": e.time, "message": e.message} for e in view.recent_errors]
     doc["last_disconnect_reason"] = view.last_disconnect_reason
@@ -256,7 +256,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     views = state.registry.nodes(now, state=wanted)  # type: ignore[arg-type]
     if domain:
         views = [v for v in views if (v.domain or v.name) == domain]
-    nodes = [node_summary(v, now, state.endpoints) for v in views]
+    nodes = [node_document(v, now, state.endpoints) for v in views]
     return web.json_response({"now": now, "nodes": nodes})
 
 

@@ -74,7 +74,7 @@ PROTOCOL_HEADERS: dict[str, str] = {
     "X-Prometheus-Remote-Write-Version": "0.1.0",
     "User-Agent": USER_AGENT,
 }
-_RESERVED = frozenset(h.lower() for h in (*PROTOCOL_HEADERS, "Content-Length", "Host"))
+_RESERVED_HEADERS = frozenset(h.lower() for h in (*PROTOCOL_HEADERS, "Content-Length", "Host"))
 MAX_RETRY_AFTER_SECONDS = 300.0  # a receiver's Retry-After is honoured up to this
 _BODY_LOG_LIMIT = 1024
 
@@ -153,7 +153,7 @@ class RemoteWriteConfig:
             if "\r" in value or "\n" in value:
                 raise ValueError(f"header value of {name!r} contains a line break")
             lowered = name.lower()
-            if lowered in _RESERVED or (auth_set and lowered == "authorization"):
+            if lowered in _RESERVED_HEADERS or (auth_set and lowered == "authorization"):
                 raise ValueError(f"header {name!r} is set by the remote write client")
             out.append((name, value))
         return out

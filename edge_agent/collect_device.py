@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 # Errors that mean "this GPU cannot be read at all right now".
 _GPU_FATAL = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
-_MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

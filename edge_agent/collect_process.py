@@ -20,10 +20,9 @@ import pynvml
 from edge_agent.attribute import Attribution
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.devices import GpuDevice
-from gpurelay.model import Family, Labels, SampleSink
+from gpurelay.model import MIB, Family, Labels, SampleSink
 
 log = logging.getLogger(__name__)
-_MIB = 1024 * 1024
 
 
 class AttributorLike(Protocol):
@@ -206,7 +205,7 @@ class ProcessCollector:
             ("ProcessName", a.process_name),
             ("ProcessType", proc.kind),
         )
-        mem_mib = proc.mem_bytes / _MIB
+        mem_mib = proc.mem_bytes / MIB
         sink.add("DCGM_CUSTOM_PROCESS_MEM_USED", labels, mem_mib)
         sm = -1.0
         if self._util_supported.get(target.key):

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
-from gpurelay.settings import SettingsError, load_settings
-from gpurelay.settings import split_host_port as host_port
+from gpurelay.settings import SettingsError, load_settings, split_host_port
 
 ENV_PREFIX = "EDGE_AGENT_"
 # Variables with this prefix that are not config keys.
@@ -144,14 +143,6 @@ class AgentConfig:
         return split_host_port(self.listen)[1]
 
 
-def split_host_port(value: str, what: str = "listen address") -> tuple[str, int]:
-    """:func:`gpurelay.settings.split_host_port`, failing with the agent's ConfigError."""
-    try:
-        return host_port(value, what)
-    except SettingsError as exc:
-        raise ConfigError(str(exc)) from exc
-
-
 def resolve_node_name(configured: str, environ: Mapping[str, str]) -> str:
     """Config, else ``KUBE_NODE_NAME``, else ``NODE_NAME``, else the hostname."""
     for candidate in (configured, environ.get("KUBE_NODE_NAME", ""), environ.get("NODE_NAME", "")):
@@ -165,9 +156,9 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     env = os.environ if environ is None else environ
     try:
         cfg = load_settings(AgentConfig, path, env, prefix=ENV_PREFIX, reserved=_ENV_RESERVED)
+        _validate(cfg)  # split_host_port raises SettingsError too
     except SettingsError as exc:
         raise ConfigError(str(exc)) from exc
-    _validate(cfg)
     return cfg
 
 

@@ -16,12 +16,20 @@ import logging
 import math
 
 from gpurelay.model import Family, SeriesKey, Snapshot
-from gpurelay.wire import Batch, Declare, Frame, Limits, SeriesDecl, WireError, check_series
+from gpurelay.wire import (
+    DEFAULT_LIMITS,
+    Batch,
+    Declare,
+    Frame,
+    Limits,
+    SeriesDecl,
+    WireError,
+    check_series,
+)
 
 log = logging.getLogger(__name__)
 
 _MAX_REMEMBERED_REJECTS = 1000
-_DEFAULT_LIMITS = Limits()
 
 
 def _same(a: float, b: float) -> bool:
@@ -61,7 +69,7 @@ class SnapshotEncoder:
     series beyond ``Limits.max_series`` until there is room (counted in :attr:`over_limit`).
     """
 
-    def __init__(self, *, first_seq: int = 1, limits: Limits = _DEFAULT_LIMITS) -> None:
+    def __init__(self, *, first_seq: int = 1, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
         self._seq = first_seq
         self._next_id = 0

@@ -53,7 +53,7 @@ class LatestSnapshot:
         return cached
 
 
-PUBLISHED: web.AppKey[LatestSnapshot] = web.AppKey("published", LatestSnapshot)
+LATEST: web.AppKey[LatestSnapshot] = web.AppKey("latest", LatestSnapshot)
 
 
 def _not_ready() -> web.Response:
@@ -61,7 +61,7 @@ def _not_ready() -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    pub = request.app[PUBLISHED]
+    pub = request.app[LATEST]
     if pub.snapshot is None:
         return _not_ready()
     om = wants_openmetrics(request.headers.get("Accept", ""))
@@ -73,7 +73,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def bie_collect(request: web.Request) -> web.Response:
-    pub = request.app[PUBLISHED]
+    pub = request.app[LATEST]
     if pub.snapshot is None:
         return _not_ready()
     doc = collect_document(pub.snapshot.node, pub.snapshot.gpus)
@@ -81,7 +81,7 @@ async def bie_collect(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    pub = request.app[PUBLISHED]
+    pub = request.app[LATEST]
     if pub.snapshot is None:
         return _not_ready()
     age = pub.clock() - pub.snapshot.timestamp
@@ -92,7 +92,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_app(published: LatestSnapshot) -> web.Application:
     app = web.Application()
-    app[PUBLISHED] = published
+    app[LATEST] = published
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/collect", bie_collect)
     app.router.add_get("/healthz", healthz)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpurelay.model import Labels, SeriesKey, Snapshot
-from gpurelay.wire import Limits, SeriesDecl, WireError, check_series
+from gpurelay.wire import DEFAULT_LIMITS, Limits, SeriesDecl, WireError, check_series
 
 MAGIC: Final = b"GR1"
 MAX_RECORD_BYTES: Final = 64 * 1024 * 1024  # inflated body, whatever the frame limit
@@ -41,7 +41,6 @@ _HEAD: Final = struct.Struct(">qI")
 _MAX_TIMESTAMP_MS: Final = 2**62
 _MAX_REMEMBERED: Final = 200_000  # checked series keys kept by one encoder or decoder
 _HEADERS_KEPT: Final = 8  # series lists a decoder keeps, parsed
-_DEFAULT_LIMITS: Final = Limits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +54,7 @@ class RecordEncoder:
     """Snapshots to records. Remembers which series passed the checks (they are the same
     from one collection to the next), so a steady collection is checked once."""
 
-    def __init__(self, *, limits: Limits = _DEFAULT_LIMITS, level: int = 6) -> None:
+    def __init__(self, *, limits: Limits = DEFAULT_LIMITS, level: int = 6) -> None:
         self._limits = limits
         self._level = level
         self._ok: set[SeriesKey] = set()
@@ -113,7 +112,7 @@ class RecordDecoder:
     of collections of the same series is parsed once, then each record costs an inflate
     and an unpack of its values."""
 
-    def __init__(self, *, limits: Limits = _DEFAULT_LIMITS) -> None:
+    def __init__(self, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
         self._headers: dict[bytes, tuple[SeriesKey, ...]] = {}
         self._known: dict[tuple[str, tuple[str, ...]], Labels] = {}
@@ -171,7 +170,7 @@ class RecordDecoder:
         return tuple(series)
 
 
-def decode_record(data: bytes, *, limits: Limits = _DEFAULT_LIMITS) -> Record:
+def decode_record(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Record:
     """One record, without a memory of earlier ones (see :class:`RecordDecoder`)."""
     return RecordDecoder(limits=limits).decode(data)
 

@@ -29,8 +29,8 @@ from typing import Any, NoReturn
 import pynvml
 
 from edge_agent.nvml.backend import Handle, NvmlLib
+from gpurelay.model import MIB
 
-_MIB = 1 << 20
 _TOTAL_MEMORY = 85_520_809_984  # an H100 80GB HBM3, as NVML reports it
 _RESERVED_MEMORY = 595_591_168
 _MAX_PROCESS_MEMORY = 20 << 30
@@ -115,9 +115,9 @@ class _Slot:
             if _unit(*key, "idle") < _IDLE_SLOT_FRACTION:
                 return None
             pid = _PID_RANGE[0] + int(_unit(*key, "pid") * (_PID_RANGE[1] - _PID_RANGE[0]))
-        cap_mib = self.memory_cap // _MIB
+        cap_mib = self.memory_cap // MIB
         low_mib = min(256, cap_mib)
-        memory = (low_mib + int(_unit(*key, "mem") * (cap_mib - low_mib + 1))) * _MIB
+        memory = (low_mib + int(_unit(*key, "mem") * (cap_mib - low_mib + 1))) * MIB
         kind = _unit(*key, "kind")  # 10% graphics only, 10% both, 80% compute only
         weight = 0.2 + _unit(*key, "weight")
         return _Process(pid, memory, self.gpu_instance_id, kind >= 0.1, kind < 0.2, weight)
@@ -128,7 +128,7 @@ class _MigDevice:
 
     def __init__(self, owner: _Gpu, profile: str, gpu_instance_id: int, memory_mib: int) -> None:
         self.owner, self.profile, self.gpu_instance_id = owner, profile, gpu_instance_id
-        self.total_memory, self.reserved_memory = memory_mib * _MIB, 0
+        self.total_memory, self.reserved_memory = memory_mib * MIB, 0
         self.uuid = _uuid("MIG", owner.seed, owner.index, gpu_instance_id)
         self.target = pynvml.struct_c_nvmlDevice_t()
 
@@ -175,7 +175,7 @@ class _Gpu:
         for number in range(n):
             gpu_instance_id, memory = places[number % len(places)]
             sharing = len(range(number % len(places), n, len(places)))
-            cap = min(_MAX_PROCESS_MEMORY, memory // sharing) // _MIB * _MIB
+            cap = min(_MAX_PROCESS_MEMORY, memory // sharing) // MIB * MIB
             lifetime = rng.uniform(60.0, 300.0)
             pid = None if pids is None else pids[number]
             offset = rng.uniform(0, lifetime)

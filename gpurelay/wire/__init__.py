@@ -65,6 +65,7 @@ from __future__ import annotations
 from gpurelay.wire.decoder import FrameDecoder
 from gpurelay.wire.encoder import FrameEncoder
 from gpurelay.wire.frames import (
+    DEFAULT_LIMITS,
     MAX_SERIES_ID,
     PROTOCOL_VERSION,
     READ_CHUNK,
@@ -85,6 +86,7 @@ from gpurelay.wire.frames import (
 from gpurelay.wire.rules import check_series
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "MAX_SERIES_ID",
     "PROTOCOL_VERSION",
     "READ_CHUNK",

@@ -23,7 +23,7 @@ from gpurelay.wire.frames import (
     WireError,
 )
 from gpurelay.wire.payloads import parse_ack, parse_declare, parse_error, parse_goodbye, parse_hello
-from gpurelay.wire.session import Session
+from gpurelay.wire.session import ConnectionState
 from gpurelay.wire.values import F64, FLOAT64, KIND_BITS, KIND_MASK, decode_value
 from gpurelay.wire.varint import unzz, uvarint
 
@@ -37,7 +37,7 @@ class FrameDecoder:
 
     def __init__(self, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
-        self._session = Session(limits)
+        self._session = ConnectionState(limits)
         self._buf = bytearray()
         self._inflater: zlib._Decompress | None = None
         self._failed: WireError | None = None
@@ -174,7 +174,7 @@ def read_count(body: bytes, pos: int, seq: int, what: str) -> tuple[int, int]:
     return count, pos
 
 
-def read_removed(body: bytes, pos: int, s: Session, seq: int) -> tuple[list[int], int]:
+def read_removed(body: bytes, pos: int, s: ConnectionState, seq: int) -> tuple[list[int], int]:
     count, pos = read_count(body, pos, seq, "removals")
     removed: list[int] = []
     sid = -1
@@ -189,7 +189,9 @@ def read_removed(body: bytes, pos: int, s: Session, seq: int) -> tuple[list[int]
     return removed, pos
 
 
-def read_values(body: bytes, pos: int, s: Session, seq: int) -> tuple[list[tuple[int, float]], int]:
+def read_values(
+    body: bytes, pos: int, s: ConnectionState, seq: int
+) -> tuple[list[tuple[int, float]], int]:
     """The head column, then the value column; the hot loop of the gateway."""
     count, pos = read_count(body, pos, seq, "values")
     last = s.last

@@ -27,7 +27,7 @@ from gpurelay.wire.frames import (
 )
 from gpurelay.wire.payloads import check_text, declare_json, dump_json, hello_json, parse_hello
 from gpurelay.wire.rules import show
-from gpurelay.wire.session import Session
+from gpurelay.wire.session import ConnectionState
 from gpurelay.wire.values import KIND_BITS, put_value, timestamp_ms
 from gpurelay.wire.varint import put, zz
 
@@ -45,7 +45,7 @@ class FrameEncoder:
 
     def __init__(self, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
-        self._session = Session(limits)
+        self._session = ConnectionState(limits)
         self._deflater: zlib._Compress | None = None  # made on first use: ACKs need none
         self._broken: WireError | None = None
 

@@ -8,7 +8,7 @@ from gpurelay.wire.frames import Limits, SeriesDecl, WireError
 from gpurelay.wire.rules import check_series
 
 
-class Session:
+class ConnectionState:
     """What both ends know about one connection: live series and the batch position."""
 
     __slots__ = ("greeted", "last", "limits", "retired", "seq", "ts_ms")
