@@ -22,7 +22,7 @@ from typing import Final
 
 from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
 from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collection
-from cloud_gateway.registry import Applied, Registry, StaleConnection, stamp_node
+from cloud_gateway.registry import Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import node_log
@@ -194,8 +194,7 @@ class NodeSession:
         try:
             declared = ingest.registry.declare(self.node, self._current(), decl)
         except StaleConnection as exc:
-            self._close("replaced by a newer connection")
-            raise WireError("order", "this connection was replaced by a newer one") from exc
+            raise self._replaced() from exc
         for rejected in declared.rejected:
             ingest.stats.rejected_series[rejected.reason] += 1
         if declared.rejected:
@@ -210,8 +209,8 @@ class NodeSession:
         conn_id = self._current()
 
         def apply(duplicate: bool) -> None:
-            applied = self._registry_call(
-                lambda: ingest.registry.apply(
+            try:
+                applied = ingest.registry.apply(
                     self.node,
                     conn_id,
                     batch,
@@ -219,9 +218,10 @@ class NodeSession:
                     size_bytes=self._pending_bytes,
                     duplicate=duplicate,
                 )
-            )
-            if applied.unknown:
-                ingest.stats.unknown_values += applied.unknown
+            except StaleConnection as exc:
+                raise self._replaced() from exc
+            self._pending_bytes = 0
+            ingest.stats.unknown_values += applied.unknown
 
         taken = self._delivery.take(
             batch.seq,
@@ -242,15 +242,10 @@ class NodeSession:
         ingest.on_change()
         return taken.acks
 
-    def _registry_call(self, call: Callable[[], Applied]) -> Applied:
-        """A registry update for this connection; a replaced connection is closed."""
-        try:
-            applied = call()
-        except StaleConnection as exc:
-            self._close("replaced by a newer connection")
-            raise WireError("order", "this connection was replaced by a newer one") from exc
-        self._pending_bytes = 0
-        return applied
+    def _replaced(self) -> WireError:
+        """A newer connection of this node took over: close this one, with this error."""
+        self._close("replaced by a newer connection")
+        return WireError("order", "this connection was replaced by a newer one")
 
     def _replay(self, replay: Replay) -> Sequence[Frame]:
         ingest = self._ingest
@@ -259,8 +254,8 @@ class NodeSession:
         record = self._records.decode(replay.record)  # WireError if malformed
 
         def apply(duplicate: bool) -> None:
-            self._registry_call(
-                lambda: ingest.registry.replay(
+            try:
+                ingest.registry.replay(
                     self.node,
                     conn_id,
                     replay.seq,
@@ -268,7 +263,9 @@ class NodeSession:
                     size_bytes=self._pending_bytes,
                     duplicate=duplicate,
                 )
-            )
+            except StaleConnection as exc:
+                raise self._replaced() from exc
+            self._pending_bytes = 0
 
         taken = self._delivery.take(
             replay.seq,
