@@ -28,7 +28,6 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/mypy -p harness
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -ra

@@ -54,6 +54,14 @@ NODE_LAST_SEEN = Family(
 FamilySamples = tuple[Family, Sequence[Sample]]
 
 
+def _value_end(value: float) -> bytes:
+    """``format_value(value) + "\\n"`` as bytes; integral values (most GPU readings) take a
+    shortcut that formats the same digits in half the time (the gateway's hot loop)."""
+    if value.is_integer() and abs(value) < 1e15:
+        return b"%d\n" % value
+    return format_value(value).encode() + b"\n"
+
+
 class TextLines:
     """Series lines of the text format (the same bytes in OpenMetrics): the prefix
     ``NAME{labels} `` made once per series, then the value and a newline."""
@@ -61,8 +69,7 @@ class TextLines:
     def prefix(self, name: str, labels: Labels) -> bytes:
         return f"{name}{format_labels(labels)} ".encode()
 
-    def value(self, value: float) -> bytes:
-        return format_value(value).encode() + b"\n"
+    value = staticmethod(_value_end)
 
 
 TEXT_LINES: Final = TextLines()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,11 +26,14 @@ storage:
 """
 
 
-class Receiver(Process):
-    """Prometheus with --web.enable-remote-write-receiver and (by default) an out-of-order
-    window; ``config`` is the text of its prometheus.yml, or a file to use as it is."""
+class PrometheusProcess(Process):
+    """A real Prometheus (Debian package ``prometheus``) on a free loopback port, with
+    ``config`` the text of its prometheus.yml or a file to use as it is. Proxy variables
+    are left out of its environment: scrapes go where the config says, nowhere else."""
 
-    def __init__(self, binary: Path, tmp: Path, config: str | Path = RECEIVER_CONFIG) -> None:
+    def __init__(
+        self, binary: Path, tmp: Path, config: str | Path, flags: Sequence[str] = ()
+    ) -> None:
         if isinstance(config, str):
             (tmp / "prometheus.yml").write_text(config)
             config = tmp / "prometheus.yml"
@@ -42,14 +46,23 @@ class Receiver(Process):
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-remote-write-receiver",
+                *flags,
             ],
             tmp / "prometheus.log",
+            env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
         )
 
     def ready(self) -> bool:
         self.check_alive()
         return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+
+
+class Receiver(PrometheusProcess):
+    """Prometheus with --web.enable-remote-write-receiver and (by default) an out-of-order
+    window."""
+
+    def __init__(self, binary: Path, tmp: Path, config: str | Path = RECEIVER_CONFIG) -> None:
+        super().__init__(binary, tmp, config, ("--web.enable-remote-write-receiver",))
 
     def raw(self, selector: str, *, window_s: int, at: float) -> dict[str, list[tuple[int, float]]]:
         """Every raw sample of the matching series in the ``window_s`` before ``at``."""
@@ -66,6 +79,18 @@ class Receiver(Process):
             key = json.dumps(item["metric"], sort_keys=True)
             out[key] = [(round(float(t) * 1000), float(v)) for t, v in item["values"]]
         return out
+
+
+@contextlib.contextmanager
+def running_prometheus(binary: Path, config: Path, tmp: Path) -> Iterator[tuple[str, Path]]:
+    """A started Prometheus (not yet known to be ready); yields its URL and log file; always
+    stopped afterwards."""
+    prometheus = PrometheusProcess(binary, tmp, config, ("--log.level=info",))
+    prometheus.start()
+    try:
+        yield prometheus.url, prometheus.log
+    finally:
+        prometheus.stop()
 
 
 @contextlib.contextmanager

@@ -31,12 +31,12 @@ import yaml
 
 from edge_agent import simhost
 from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
+from harness.prometheus import running_prometheus
 from harness.waiting import wait_for
 from tests.integration.test_prometheus_e2e import (  # the real-Prometheus helpers
     GATEWAY,
     UNIFIED_JOB,
     PromQL,
-    running_prometheus,
     substituted,
 )
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from harness.fleet import (
     running_agent,
     running_gateway,
 )
-from harness.ports import free_ports
+from harness.prometheus import running_prometheus
 from harness.waiting import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
@@ -110,37 +108,6 @@ def test_combined_example_is_the_two_jobs_verbatim() -> None:
 
 
 # --- end to end --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def running_prometheus(binary: Path, config: Path, tmp: Path) -> Iterator[tuple[str, Path]]:
-    """Prometheus on a free loopback port; yields its URL and log file; always killed."""
-    port = free_ports(1)[0]
-    log = tmp / "prometheus.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(binary),
-                f"--config.file={config}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                "--log.level=info",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
-        )
-    try:
-        yield f"http://127.0.0.1:{port}", log
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 class PromQL:

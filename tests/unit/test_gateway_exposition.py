@@ -9,9 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from cloud_gateway.exposition import NODE_LAST_SEEN, NODE_UP, Exposition, bie_document
+from cloud_gateway.exposition import (
+    NODE_LAST_SEEN,
+    NODE_UP,
+    TEXT_LINES,
+    Exposition,
+    bie_document,
+)
 from cloud_gateway.registry import Registry, RegistryConfig, stamp_node
 from gpurelay.exposition import format_labels, format_value, openmetrics_header, text_header
 from gpurelay.model import Family, Sample, Snapshot
@@ -248,3 +256,12 @@ def test_bie_document_uses_the_latest_fb_values_of_online_nodes(tmp_path: Path) 
     assert devices[1]["usedMemory"] == round(fb[1][1].value * MIB)
     assert [d["totalMemory"] for d in devices] == [g.memory_total_bytes for g in snap.gpus]
     assert doc["edge-b"]["usedMemory"] == sum(d["usedMemory"] for d in devices)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**60), 2**60).map(float))
+def test_series_lines_format_values_as_the_shared_renderer(value: float) -> None:
+    """The registry's lines come from TEXT_LINES; its integer shortcut must give exactly
+    the bytes of gpurelay.exposition.format_value (one text format, two code paths)."""
+    assert TEXT_LINES.value(value) == (format_value(value) + "\n").encode()
+    labels = (("gpu", "0"), ("Hostname", 'a"b'))
+    assert TEXT_LINES.prefix("m", labels) == f"m{format_labels(labels)} ".encode()
