@@ -124,7 +124,6 @@ class Forwarder:
         self._sleep = sleep
         self._jitter = jitter
         self._queue: deque[Collection] = deque()
-        self._seqs: set[int] = set()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,14 +132,10 @@ class Forwarder:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def __contains__(self, seq: object) -> bool:
-        return seq in self._seqs
-
     def put(self, collection: Collection) -> None:
         if self._closed:
             return
         self._queue.append(collection)
-        self._seqs.add(collection.seq)
         self.stats.queued += 1
         self._wake.set()
         if self._task is None:
@@ -158,7 +153,6 @@ class Forwarder:
             self._closed = True
             self.stats.queued -= len(self._queue)
             self._queue.clear()
-            self._seqs.clear()
             self._room.set()
             if self._task is not None:
                 self._task.cancel()
@@ -253,7 +247,6 @@ class Forwarder:
         """The first ``n`` collections are done with: delivered (or dropped)."""
         for _ in range(n):
             c = self._queue.popleft()
-            self._seqs.discard(c.seq)
             self.stats.queued -= 1
             self.stats.delivered += accepted
             self._delivered(c.seq)
