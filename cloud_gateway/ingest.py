@@ -175,11 +175,11 @@ class NodeSession:
                 connected.replaced, f"replaced by a newer connection from {self.remote}"
             )
         self.log.info(
-            "connected from %s: agent %s, %d GPU(s), backend %s, domain %s",
+            "connected from %s: agent %r, %d GPU(s), backend %r, domain %r",
             self.remote,
-            hello.agent_version,
+            hello.agent_version,  # what the agent says is quoted: it may hold anything
             len(hello.gpus),
-            hello.backend or "?",
+            hello.backend,
             hello.domain or self.node,
         )
         ingest.on_change()
@@ -196,7 +196,7 @@ class NodeSession:
         except StaleConnection as exc:
             raise self._replaced() from exc
         for rejected in declared.rejected:
-            ingest.stats.rejected_series[rejected.reason] += 1
+            ingest.stats.rejected_series[rejected.code] += 1
         if declared.rejected:
             first = declared.rejected[0]
             message = f"{len(declared.rejected)} series rejected, e.g. {first.name}: {first.reason}"
@@ -310,10 +310,10 @@ class NodeSession:
         ]
 
     def _key(self, name: str, labels: Labels) -> Labels | None:
-        reason = self._ingest.registry.refuses(name)
-        if reason is not None:
-            self._ingest.stats.rejected_series[reason] += 1
-            self.log.warning("replayed series %s left out: %s", name, reason)
+        refusal = self._ingest.registry.refuses(name, labels)
+        if refusal is not None:
+            self._ingest.stats.rejected_series[refusal.code] += 1
+            self.log.warning("replayed series %r left out: %s", name, refusal.message)
             return None
         return (("__name__", name), *stamp_node(labels, self.node))
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 from bisect import insort
-from collections import deque
 
+from cloud_gateway import series_policy as policy
+from cloud_gateway.registry_records import FamilyState, Group, NodeRecord, SeriesRecord
 from cloud_gateway.registry_types import (
     FB_FAMILIES,
     NODE_LABELS,
@@ -78,68 +79,6 @@ def stamp_node(labels: Labels, node: str) -> Labels:
     return (*stamped, ("Hostname", node))
 
 
-class _FamilyState:
-    __slots__ = ("blocks", "family", "first_node", "groups", "ordered", "refs")
-
-    def __init__(self, family: Family, first_node: str) -> None:
-        self.family = family
-        self.first_node = first_node
-        self.groups: dict[str, _Group] = {}  # node -> block of that node's lines
-        self.ordered: list[_Group] | None = None  # groups by node name
-        self.blocks: list[bytes] | None = None  # their bytes, in that order
-        self.refs = 0  # series records of this family, live or not
-
-
-class _Group:
-    """One (family, node) block: its live series and their lines, in the same order."""
-
-    __slots__ = ("block", "fs", "lines", "members")
-
-    def __init__(self, fs: _FamilyState) -> None:
-        self.fs = fs
-        self.members: list[_Series] = []
-        self.lines: list[bytes] = []  # lines[i] is members[i].line: a block is one join
-        self.block: bytes | None = None
-
-
-class _Series:
-    __slots__ = ("conn", "cut", "fs", "group", "labels", "line", "pos", "sid", "value")
-
-    def __init__(
-        self, fs: _FamilyState, prefix: bytes, labels: Labels, conn: int, sid: int
-    ) -> None:
-        self.fs = fs
-        self.labels = labels  # (("__name__", name), *stamped labels): the remote write key
-        self.line = prefix  # b'NAME{labels} ' until a value arrives, then + b'VALUE\n'
-        self.cut = len(prefix)
-        self.value: float | None = None
-        self.group: _Group | None = None  # set while the series has a value
-        self.pos = 0  # index in the group
-        self.conn = conn
-        self.sid = sid
-
-
-class _Node:
-    def __init__(self, name: str, max_errors: int) -> None:
-        self.name = name
-        self.conn_id = 0
-        self.connected = False
-        self.remote = ""
-        self.hello: Hello | None = None
-        self.connected_since: float | None = None
-        self.disconnected_at: float | None = None
-        self.disconnect_reason = ""
-        self.last_batch_time: float | None = None
-        self.last_seen: float | None = None
-        self.batches = self.replays = self.bytes = self.duplicates = 0
-        self.errors: deque[NodeError] = deque(maxlen=max_errors)
-        self.ids: dict[int, _Series] = {}  # ids of the current connection
-        self.rejected: set[int] = set()  # ids of the current connection that were refused
-        self.series: set[_Series] = set()  # every record, bound to the connection or not
-        self.groups: dict[str, _Group] = {}  # family name -> group
-        self.tracked: set[_Series] = set()  # of the tracked families
-
-
 class Registry:
     def __init__(
         self, config: RegistryConfig | None = None, *, lines: LineFormat | None = None
@@ -152,10 +91,11 @@ class Registry:
         self.lines = lines
         self.generation = 0  # bumped by every change that alters the exposition
         self.blocks_rendered = 0
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, NodeRecord] = {}
         self._names: list[str] = []  # sorted
-        self._families: dict[str, _FamilyState] = {}
-        self._family_order: list[_FamilyState] | None = None
+        self._families: dict[str, FamilyState] = {}
+        self._family_types: dict[str, str] = {}  # name -> type, for OpenMetrics clashes
+        self._family_order: list[FamilyState] | None = None
         self._last_conn = 0
 
     # --- connections ---------------------------------------------------------------
@@ -186,13 +126,12 @@ class Registry:
 
     def declare(self, node: str, conn_id: int, decl: Declare) -> Declared:
         n = self._current(node, conn_id)
-        by_prefix = {s.line[: s.cut]: s for s in n.series}
         rejected: list[Rejected] = []
         for sd in decl.series:
-            reason = self._declare_one(n, sd, by_prefix)
-            if reason is not None:
+            refusal = self._declare_one(n, sd)
+            if refusal is not None:
                 n.rejected.add(sd.id)
-                rejected.append(Rejected(sd.id, sd.name, reason))
+                rejected.append(Rejected(sd.id, sd.name, refusal.message, refusal.code))
         return Declared(len(decl.series) - len(rejected), tuple(rejected))
 
     def apply(
@@ -221,7 +160,7 @@ class Registry:
         gone = dict.fromkeys(ids[sid] for sid in batch.removed if sid in ids)
         if batch.full:
             listed = {ids[sid] for sid, _ in batch.values if sid in ids}
-            gone.update(dict.fromkeys(s for s in n.series if s not in listed))
+            gone.update(dict.fromkeys(s for s in n.series.values() if s not in listed))
         for s in gone:
             self._remove(n, s)
         return Applied(
@@ -326,27 +265,27 @@ class Registry:
 
     # --- internals -----------------------------------------------------------------
 
-    def _node(self, name: str) -> _Node:
+    def _node(self, name: str) -> NodeRecord:
         n = self._nodes.get(name)
         if n is None:
-            n = self._nodes[name] = _Node(name, self.config.recent_errors)
+            n = self._nodes[name] = NodeRecord(name, self.config.recent_errors)
             insort(self._names, name)
             self.generation += 1  # a gpurelay_node_up line more
         return n
 
-    def _current(self, node: str, conn_id: int) -> _Node:
+    def _current(self, node: str, conn_id: int) -> NodeRecord:
         n = self._nodes.get(node)
         if n is None or not n.connected or n.conn_id != conn_id:
             raise StaleConnection(f"connection {conn_id} of node {node!r} is not current")
         return n
 
     def _set(
-        self, n: _Node, values: tuple[tuple[int, float], ...], *, only_new: bool
+        self, n: NodeRecord, values: tuple[tuple[int, float], ...], *, only_new: bool
     ) -> tuple[int, int]:
         """Store values, re-format their lines, dirty their blocks: (changed, unknown)."""
         ids = n.ids
         value_bytes = self.lines.value
-        dirty: set[_Group] = set()
+        dirty: set[Group] = set()
         changed = unknown = 0
         for sid, raw in values:
             s = ids.get(sid)
@@ -370,63 +309,110 @@ class Registry:
             g.block = g.fs.blocks = None
         return changed, unknown
 
-    def _declare_one(self, n: _Node, sd: SeriesDecl, by_prefix: dict[bytes, _Series]) -> str | None:
-        reason = self.refuses(sd.name)
-        if reason is not None:
-            return reason
+    def _declare_one(self, n: NodeRecord, sd: SeriesDecl) -> policy.Refusal | None:
+        """Bind one declared series to its record (found by identity in constant time, or
+        made), or say why not."""
+        refusal = self.refuses(sd.name, sd.labels)
+        if refusal is not None:
+            return refusal
         if sd.id in n.ids or sd.id in n.rejected:
-            return f"series id {sd.id} is already declared on this connection"
+            return policy.Refusal(
+                policy.DUPLICATE_ID, f"series id {sd.id} is already declared on this connection"
+            )
         fs = self._families.get(sd.name)
         if fs is not None and fs.family.type != sd.type:
-            return (
+            return policy.Refusal(
+                policy.TYPE_CONFLICT,
                 f"family {sd.name} is a {fs.family.type} (first declared by node "
-                f"{fs.first_node!r}); this series declares it a {sd.type}"
+                f"{fs.first_node!r}); this series declares it a {sd.type}",
             )
         labels = stamp_node(sd.labels, n.name)
-        prefix = self.lines.prefix(sd.name, labels)
-        s = by_prefix.get(prefix)
+        identity = policy.identity(sd.name, labels)
+        s = n.series.get(identity)
         if s is not None:  # a record from an earlier connection (or a duplicate)
             if s.conn == n.conn_id:
-                return f"same name and labels as series id {s.sid}"
+                return policy.Refusal(
+                    policy.SAME_SERIES, f"same name and labels as series id {s.sid}"
+                )
             s.conn, s.sid = n.conn_id, sd.id
         else:
-            if len(n.series) >= self.config.max_series_per_node:
-                return f"node has {len(n.series)} series, the limit"
-            if fs is None:
-                fs = self._families[sd.name] = _FamilyState(
-                    Family(name=sd.name, type=sd.type, help=sd.help), n.name
-                )
-                self._family_order = None
-            key = (("__name__", sd.name), *labels)
-            s = by_prefix[prefix] = _Series(fs, prefix, key, n.conn_id, sd.id)
-            fs.refs += 1
-            n.series.add(s)
-            if sd.name in self.config.tracked_families:
-                n.tracked.add(s)
+            refusal = self._room_for(n, sd, fs, labels)
+            if refusal is not None:
+                return refusal
+            s = self._new_series(n, sd, fs, labels, identity)
         n.ids[sd.id] = s
         return None
 
-    def refuses(self, name: str) -> str | None:
-        """Why the gateway refuses a series of this name, whoever declares or replays it.
-        Only the gateway's own policy: the naming rules of :mod:`gpurelay.wire.rules`
-        were checked by the decoder (DECLARE) or the record codec (REPLAY)."""
-        if name.startswith(self.config.reserved_prefixes):
-            return f"metric name {name} is reserved for the gateway"
+    def _room_for(
+        self, n: NodeRecord, sd: SeriesDecl, fs: FamilyState | None, labels: Labels
+    ) -> policy.Refusal | None:
+        limit = self.config.max_series_per_node
+        if len(n.series) >= limit:
+            return policy.Refusal(
+                policy.TOO_MANY_SERIES, f"node has {len(n.series)} series, the limit"
+            )
+        cost, budget = policy.label_bytes(sd.name, labels), self.config.max_label_bytes_per_node
+        if n.label_bytes + cost > budget:
+            return policy.Refusal(
+                policy.LABEL_BYTES,
+                f"series {sd.name!r} ({cost} bytes of name and labels) would take the node "
+                f"past its label budget of {budget} bytes ({n.label_bytes} used)",
+            )
+        if fs is None:
+            clash = policy.clashing_family(sd.name, sd.type == "counter", self._family_types)
+            if clash is not None:
+                return policy.Refusal(
+                    policy.FAMILY_CLASH,
+                    f"family {sd.name!r} would collide with family {clash!r} in OpenMetrics",
+                )
         return None
 
-    def _go_live(self, n: _Node, s: _Series) -> _Group:
+    def _new_series(
+        self,
+        n: NodeRecord,
+        sd: SeriesDecl,
+        fs: FamilyState | None,
+        labels: Labels,
+        identity: tuple[str, Labels],
+    ) -> SeriesRecord:
+        if fs is None:
+            fs = self._families[sd.name] = FamilyState(
+                Family(name=sd.name, type=sd.type, help=sd.help), n.name
+            )
+            self._family_types[sd.name] = sd.type
+            self._family_order = None
+        prefix = self.lines.prefix(sd.name, labels)
+        s = SeriesRecord(fs, prefix, (("__name__", sd.name), *labels), n.conn_id, sd.id)
+        s.identity, s.cost = identity, policy.label_bytes(sd.name, labels)
+        fs.refs += 1
+        n.series[identity] = s
+        n.label_bytes += s.cost
+        if sd.name in self.config.tracked_families:
+            n.tracked.add(s)
+        return s
+
+    def refuses(self, name: str, labels: Labels = ()) -> policy.Refusal | None:
+        """Why the gateway refuses a series, whoever declares or replays it. Only the
+        gateway's own policy (:mod:`cloud_gateway.series_policy`): the naming rules of
+        :mod:`gpurelay.wire.rules` were checked by the decoder (DECLARE) or the record
+        codec (REPLAY)."""
+        return policy.refuse_name(name, self.config.reserved_prefixes) or policy.refuse_labels(
+            name, labels
+        )
+
+    def _go_live(self, n: NodeRecord, s: SeriesRecord) -> Group:
         """A series joins its (family, node) block when its first value arrives."""
         fs = s.fs
         g = n.groups.get(fs.family.name)
         if g is None:
-            g = n.groups[fs.family.name] = fs.groups[n.name] = _Group(fs)
+            g = n.groups[fs.family.name] = fs.groups[n.name] = Group(fs)
             fs.ordered = None
         s.group, s.pos = g, len(g.members)
         g.members.append(s)
         g.lines.append(s.line)
         return g
 
-    def _remove(self, n: _Node, s: _Series) -> None:
+    def _remove(self, n: NodeRecord, s: SeriesRecord) -> None:
         fs, g = s.fs, s.group
         if g is not None:
             del g.members[s.pos], g.lines[s.pos]
@@ -436,33 +422,37 @@ class Registry:
             if not g.members:
                 del n.groups[fs.family.name], fs.groups[n.name]
                 fs.ordered = None
-        n.series.discard(s)
+        if n.series.get(s.identity) is s:
+            del n.series[s.identity]
+            n.label_bytes -= s.cost
         n.tracked.discard(s)
         if s.conn == n.conn_id and n.ids.get(s.sid) is s:
             del n.ids[s.sid]
         self._unref(fs)
 
-    def _drop_all(self, n: _Node) -> None:
+    def _drop_all(self, n: NodeRecord) -> None:
         for g in n.groups.values():
             del g.fs.groups[n.name]
             g.fs.ordered = g.fs.blocks = None
-        for s in n.series:
+        for s in n.series.values():
             self._unref(s.fs)
-        n.groups, n.series, n.tracked, n.ids = {}, set(), set(), {}
+        n.groups, n.series, n.tracked, n.ids = {}, {}, set(), {}
+        n.label_bytes = 0
 
-    def _unref(self, fs: _FamilyState) -> None:
+    def _unref(self, fs: FamilyState) -> None:
         fs.refs -= 1
         if fs.refs == 0 and self._families.get(fs.family.name) is fs:
             del self._families[fs.family.name]
+            del self._family_types[fs.family.name]
             self._family_order = None
 
-    def _render(self, g: _Group) -> bytes:
+    def _render(self, g: Group) -> bytes:
         if g.block is None:
             g.block = b"".join(g.lines)
             self.blocks_rendered += 1
         return g.block
 
-    def _state(self, n: _Node, now: float) -> NodeState:
+    def _state(self, n: NodeRecord, now: float) -> NodeState:
         if not n.connected:
             return "offline"
         interval = n.hello.interval_seconds if n.hello else 0.0
@@ -473,7 +463,7 @@ class Registry:
             return "stale"
         return "online"
 
-    def _view(self, n: _Node, now: float) -> NodeView:
+    def _view(self, n: NodeRecord, now: float) -> NodeView:
         h = n.hello
         return NodeView(
             name=n.name,

@@ -29,6 +29,9 @@ class RegistryConfig:
     stale_after_intervals: float = 3.0  # connected but silent this many intervals: stale
     offline_grace: float = 300.0  # seconds offline before a node's series are dropped
     max_series_per_node: int = 50_000
+    # Name and label text of a node's series (a 16-GPU box with 8 processes per GPU needs
+    # about 0.3 MiB): bounds what one node can make the gateway hold and render.
+    max_label_bytes_per_node: int = 4 * 1024 * 1024
     recent_errors: int = 20
     reserved_prefixes: tuple[str, ...] = ("gpurelay_node_", "gpurelay_gateway_")
     tracked_families: frozenset[str] = FB_FAMILIES  # for :meth:`Registry.latest`
@@ -52,7 +55,8 @@ class Connected:
 class Rejected:
     id: int
     name: str
-    reason: str
+    reason: str  # for logs and the API
+    code: str = "other"  # a fixed set: cloud_gateway.series_policy.REFUSAL_CODES
 
 
 @dataclass(frozen=True, slots=True)

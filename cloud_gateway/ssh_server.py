@@ -165,18 +165,21 @@ class _ConnectionAuth(asyncssh.SSHServer):
         )
         if reason is not None:
             self._endpoints.refused += 1
-            node_log(node).warning("refused to publish %s:%d: %s", listen_host, listen_port, reason)
+            node_log(node).warning(
+                "refused to publish %r port %d: %s", listen_host, listen_port, reason
+            )
             return False
-        node_log(node).info("publishes %s:%d", listen_host, listen_port)
+        node_log(node).info("publishes %r port %d", listen_host, listen_port)
         return PublishedListener(self._endpoints, listen_host, listen_port, self._conn)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._authenticated and self._reason:
             self._policy.failures[self._reason] += 1
-            peer = self._conn.get_extra_info("peername") if self._conn else None
+            # the address saved at connect: the transport is gone by now
+            peer = f"{self._peer[0]}:{self._peer[1]}" if self._peer else "an unknown address"
             log.warning(
-                "refused %s from %s: %s (%s)",
-                self._username or "?",
+                "refused %r from %s: %s (%s)",
+                self._username,
                 peer,
                 self._reason,
                 self._detail,

@@ -3,12 +3,18 @@
 Under systemd (``JOURNAL_STREAM`` is set) each line starts with a ``<N>`` syslog priority,
 which journald turns into the entry's level (``journalctl -p warning`` works), and carries
 no timestamp of its own (journald adds one). In a terminal, lines carry a UTC timestamp.
+
+One record is one line: what a node or client sent is ``%r``-quoted where it is logged,
+and as a backstop the formatters escape any control character left in a message (a CR/LF
+or an ANSI escape can never forge a line or repaint a terminal). Tracebacks keep their
+lines.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -22,7 +28,23 @@ _PRIORITY = {
 }
 
 
-class JournalFormatter(logging.Formatter):
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A formatter whose message part can never span lines (the traceback still does)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
+class JournalFormatter(OneLineFormatter):
     def format(self, record: logging.LogRecord) -> str:
         priority = _PRIORITY.get(record.levelno, 6)
         text = super().format(record)
@@ -39,7 +61,7 @@ def setup(level: str, prefix: str = "", environ: Mapping[str, str] | None = None
     if env.get("JOURNAL_STREAM"):
         handler.setFormatter(JournalFormatter("%(levelname)s " + body))
     else:
-        formatter = logging.Formatter(
+        formatter = OneLineFormatter(
             "%(asctime)s %(levelname)s " + body, datefmt="%Y-%m-%dT%H:%M:%SZ"
         )
         formatter.converter = time.gmtime

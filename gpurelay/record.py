@@ -27,6 +27,7 @@ else, so a damaged or hostile record closes only its connection.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -36,7 +37,14 @@ from gpurelay.model import Labels, SeriesKey, Snapshot
 from gpurelay.wire import DEFAULT_LIMITS, Limits, SeriesDecl, WireError, check_series
 
 MAGIC: Final = b"GR1"
-MAX_RECORD_BYTES: Final = 64 * 1024 * 1024  # inflated body, whatever the frame limit
+# Bounds that hold before any parsing (a record is data from a node; issue 12): the
+# inflated body, and its series list. An 8-GPU node's list is ~60 kB; a node at the
+# default label budget (4 MiB of names and labels) fits in the 8 MiB below.
+MAX_RECORD_BYTES: Final = 16 * 1024 * 1024
+MAX_SERIES_LIST_BYTES: Final = 8 * 1024 * 1024
+_HEADER_CACHE_BYTES: Final = 4 * 1024 * 1024  # parsed series lists kept, by their size
+# A JSON string, to blank out before counting the list's brackets.
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _HEAD: Final = struct.Struct(">qI")
 _MAX_TIMESTAMP_MS: Final = 2**62
 _MAX_REMEMBERED: Final = 200_000  # checked series keys kept by one encoder or decoder
@@ -119,20 +127,61 @@ class RecordDecoder:
 
     def decode(self, data: bytes) -> Record:
         body, ts_ms, head = _open(data)
+        start = _HEAD.size + len(head)
+        n, odd = divmod(len(body) - start, 8)
+        if odd:
+            raise WireError("malformed", "REPLAY record values are not whole float64s")
         series = self._headers.get(head)
         if series is None:
+            self._check_shape(head, n)  # before parsing: its cost is bounded by n
             series = self._parse(head)
-            if len(self._headers) >= _HEADERS_KEPT:
-                self._headers.pop(next(iter(self._headers)))
-            self._headers[head] = series
-        n = len(series)
-        start = _HEAD.size + len(head)
-        if len(body) - start != 8 * n:
+            self._remember(head, series)
+        if len(series) != n:
             raise WireError(
-                "malformed",
-                f"REPLAY record lists {n} series but has {len(body) - start} value bytes",
+                "malformed", f"REPLAY record lists {len(series)} series but has {8 * n} value bytes"
             )
         return Record(ts_ms, series, struct.unpack_from(f">{n}d", body, start))
+
+    def _check_shape(self, head: bytes, n: int) -> None:
+        """Refuse a series list that cannot belong to ``n`` values, without parsing it:
+        too many series, more bytes than ``n`` series can take under the limits, or other
+        brackets than ``[[name, [labels]], ...]`` has (2n + 1, outside strings)."""
+        limits = self._limits
+        if n > limits.max_series:
+            raise WireError(
+                "too_many_series",
+                f"REPLAY record has {n} values, more than the limit of {limits.max_series} series",
+            )
+        if len(head) > MAX_SERIES_LIST_BYTES:
+            raise WireError(
+                "oversize",
+                f"REPLAY record series list is {len(head)} bytes, more than the limit of "
+                f"{MAX_SERIES_LIST_BYTES}",
+            )
+        structure = _JSON_STRING.sub(b"", head)
+        if b"{" in structure:
+            raise WireError("malformed", "REPLAY record series is not a list of [name, labels]")
+        brackets = structure.count(b"[")
+        if brackets != 2 * n + 1:
+            listed = max(0, (brackets - 1) // 2)
+            raise WireError(
+                "malformed", f"REPLAY record lists {listed} series but has {8 * n} value bytes"
+            )
+        # a JSON string is at most 6x its text (\\u escapes); 8 bytes of brackets and commas
+        per_label = 6 * (limits.max_name_bytes + limits.max_label_value_bytes) + 6
+        per_series = 8 + 6 * limits.max_name_bytes + limits.max_labels * per_label
+        if len(head) > 2 + n * per_series:
+            raise WireError(
+                "oversize",
+                f"REPLAY record series list is {len(head)} bytes, more than {n} series can take",
+            )
+
+    def _remember(self, head: bytes, series: tuple[SeriesKey, ...]) -> None:
+        if len(head) > _HEADER_CACHE_BYTES // _HEADERS_KEPT:
+            return  # an outsized list is parsed each time rather than held
+        if len(self._headers) >= _HEADERS_KEPT:
+            self._headers.pop(next(iter(self._headers)))
+        self._headers[head] = series
 
     def _parse(self, head: bytes) -> tuple[SeriesKey, ...]:
         try:

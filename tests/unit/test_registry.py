@@ -176,8 +176,15 @@ def test_samples_are_the_full_state_with_remote_write_labels() -> None:
 def test_refuses_what_a_declaration_may_not_carry() -> None:
     reg = Registry()
     assert reg.refuses("DCGM_FI_DEV_GPU_UTIL") is None
-    assert "reserved" in (reg.refuses("gpurelay_gateway_x") or "")
-    assert "reserved" in (reg.refuses("gpurelay_node_up") or "")
+
+    def reason(name: str, labels: Labels = ()) -> str:
+        refusal = reg.refuses(name, labels)
+        return "" if refusal is None else f"{refusal.code}: {refusal.message}"
+
+    assert reason("gpurelay_gateway_x").startswith("reserved_name")
+    assert reason("gpurelay_node_up").startswith("reserved_name")
+    assert reason("up").startswith("reserved_name")
+    assert reason("x", (("job", "other"),)).startswith("reserved_label")
 
 
 @pytest.mark.parametrize(

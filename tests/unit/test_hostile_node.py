@@ -1,0 +1,202 @@
+"""A hostile node with a valid certificate (issue 12): what it sends is refused or bounded,
+and other nodes never notice. In-process (registry, ingest, record codec); the SSH-level
+attacks are in tests/integration/test_hostile_node_ssh.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import zlib
+
+import pytest
+
+from cloud_gateway.ingest import Ingest
+from cloud_gateway.registry import Registry, RegistryConfig
+from gpurelay import logs
+from gpurelay import record as record_codec
+from gpurelay.model import Labels, MetricType
+from gpurelay.record import MAGIC, RecordDecoder
+from gpurelay.wire import Batch, Declare, Hello, Replay, SeriesDecl, WireError
+
+T0 = 1_790_000_000.0
+
+
+def decl(sid: int, name: str, labels: Labels = (), type_: MetricType = "gauge") -> SeriesDecl:
+    return SeriesDecl(id=sid, name=name, type=type_, help="h", labels=labels)
+
+
+def connected(reg: Registry, node: str) -> int:
+    return reg.connect(
+        node, remote="10.0.0.9:1", hello=Hello(agent_version="0", node=node), now=T0
+    ).conn_id
+
+
+def lines(reg: Registry) -> list[str]:
+    return [line for _, bs in reg.family_blocks() for b in bs for line in b.decode().splitlines()]
+
+
+def test_labels_in_another_order_are_the_same_series() -> None:
+    reg = Registry()
+    conn = connected(reg, "evil")
+    res = reg.declare(
+        "evil",
+        conn,
+        Declare(
+            series=(decl(0, "m", (("a", "1"), ("b", "2"))), decl(1, "m", (("b", "2"), ("a", "1"))))
+        ),
+    )
+    assert [r.code for r in res.rejected] == ["same_series"]
+    reg.apply(
+        "evil", conn, Batch(seq=1, timestamp=T0, values=((0, 1.0), (1, 2.0))), now=T0, size_bytes=1
+    )
+    assert len([line for line in lines(reg) if line.startswith("m{")]) == 1
+
+
+def test_a_node_cannot_set_target_labels_or_prometheus_names() -> None:
+    reg = Registry()
+    conn = connected(reg, "evil")
+    res = reg.declare(
+        "evil",
+        conn,
+        Declare(
+            series=(
+                decl(0, "m", (("job", "gpu"),)),
+                decl(1, "m", (("instance", "victim:9400"),)),
+                decl(2, "up"),
+                decl(3, "scrape_duration_seconds"),
+            )
+        ),
+    )
+    assert sorted(r.code for r in res.rejected) == ["reserved_label"] * 2 + ["reserved_name"] * 2
+
+
+def test_a_family_may_not_collide_with_another_in_openmetrics() -> None:
+    """A counter X_total is the OpenMetrics family X: a gauge X beside it would make two
+    families of one name (seen with gpurelay_agent_gateway_connects)."""
+    reg = Registry()
+    conn = connected(reg, "honest")
+    reg.declare(
+        "honest",
+        conn,
+        Declare(series=(decl(0, "gpurelay_agent_gateway_connects_total", (), "counter"),)),
+    )
+    evil = connected(reg, "evil")
+    res = reg.declare("evil", evil, Declare(series=(decl(0, "gpurelay_agent_gateway_connects"),)))
+    assert [r.code for r in res.rejected] == ["family_clash"]
+
+
+def test_label_bytes_are_budgeted_per_node_and_other_nodes_never_notice() -> None:
+    reg = Registry(RegistryConfig(max_label_bytes_per_node=64 * 1024))
+    evil = connected(reg, "evil")
+    fat = tuple((f"l{i}", "x" * 2000) for i in range(32))  # 64 KB of labels in one series
+    res = reg.declare(
+        "evil", evil, Declare(series=tuple(decl(i, "m", (*fat, ("i", str(i)))) for i in range(600)))
+    )
+    assert res.accepted == 1 and {r.code for r in res.rejected} == {"label_bytes"}
+    assert "label budget of 65536 bytes" in res.rejected[0].reason
+    honest = connected(reg, "honest")
+    assert (
+        reg.declare("honest", honest, Declare(series=(decl(0, "m", (("gpu", "0"),)),))).accepted
+        == 1
+    )
+
+
+def test_retired_series_give_their_label_bytes_back() -> None:
+    reg = Registry(RegistryConfig(max_label_bytes_per_node=10_000))
+    conn = connected(reg, "n")
+    for round_ in range(50):  # churn: declare and remove, far past the budget in total
+        ids = range(round_ * 10, round_ * 10 + 10)
+        res = reg.declare(
+            "n",
+            conn,
+            Declare(series=tuple(decl(i, "m", (("i", "y" * 500 + str(i)),)) for i in ids)),
+        )
+        assert res.accepted == 10, res.rejected[:1]
+        values = tuple((i, 1.0) for i in ids)
+        reg.apply(
+            "n", conn, Batch(seq=round_ * 2 + 1, timestamp=T0, values=values), now=T0, size_bytes=1
+        )
+        reg.apply(
+            "n",
+            conn,
+            Batch(seq=round_ * 2 + 2, timestamp=T0, values=(), removed=tuple(ids)),
+            now=T0,
+            size_bytes=1,
+        )
+
+
+def test_rejection_counters_use_fixed_codes() -> None:
+    ingest = Ingest(Registry(), clock=lambda: T0)
+    session = ingest.open_session("evil", "10.0.0.9:1", lambda reason: None)
+    session.handle(Hello(agent_version="0", node="evil"))
+    session.handle(Declare(series=tuple(decl(i, f"gpurelay_gateway_x{i}") for i in range(50))))
+    assert dict(ingest.stats.rejected_series) == {"reserved_name": 50}
+
+
+def test_what_a_node_says_is_quoted_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    ingest = Ingest(Registry(), clock=lambda: T0)
+    session = ingest.open_session("evil", "10.0.0.9:1", lambda reason: None)
+    forged = "1.0\n2026-11-24T00:00:00Z INFO cloud_gateway: node=admin logged in"
+    with caplog.at_level(logging.INFO):
+        session.handle(
+            Hello(agent_version=forged, node="evil\nx", domain="d\rx", backend="b\x1b[31m")
+        )
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert text.count("\n") == len(caplog.records) - 1, text  # one line per record
+    assert "\\n2026-11-24" in text and "\x1b" not in text and "\r" not in text
+
+
+def _record(head: bytes, values: int) -> bytes:
+    body = struct.pack(">qI", round(T0 * 1000), len(head)) + head + bytes(8 * values)
+    return MAGIC + zlib.compress(body, 9)
+
+
+def test_a_record_bomb_is_refused_before_its_series_are_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """63 KiB on the wire, 63 MiB of ``[[],[],...]`` once inflated: refused by what the
+    values say (the record has no room for that many series) without a json.loads."""
+    bomb = _record(b"[" + b"[]," * (21 * 1024 * 1024) + b"[]]", values=1)
+    assert len(bomb) < 128 * 1024
+
+    def no_parse(*args: object, **kwargs: object) -> object:
+        raise AssertionError("json.loads ran on a hostile record")
+
+    monkeypatch.setattr(record_codec.json, "loads", no_parse)
+    with pytest.raises(WireError) as err:
+        RecordDecoder().decode(bomb)
+    assert err.value.code in ("oversize", "malformed")
+
+
+def test_a_record_series_list_is_bounded_by_its_values() -> None:
+    series = [["m", ["i", str(i)]] for i in range(3)]
+    head = json.dumps(series).encode()
+    with pytest.raises(WireError, match="3 series but has 16 value bytes"):
+        RecordDecoder().decode(_record(head, values=2))
+
+
+def test_a_replay_bomb_closes_only_that_connection() -> None:
+    ingest = Ingest(Registry(), clock=lambda: T0)
+    closed: list[str] = []
+    session = ingest.open_session("evil", "10.0.0.9:1", closed.append)
+    session.handle(Hello(agent_version="0", node="evil"))
+    with pytest.raises(WireError):
+        session.handle(Replay(seq=1, record=_record(b"[" + b"[]," * 1_000_000 + b"[]]", values=0)))
+
+
+@pytest.mark.parametrize("journal", [False, True])
+def test_the_log_formatters_keep_one_record_on_one_line(journal: bool) -> None:
+    """The backstop behind the quoting: whatever reaches a message, one line comes out."""
+    fmt = logs.JournalFormatter("%(message)s") if journal else logs.OneLineFormatter("%(message)s")
+    record = logging.LogRecord(
+        "cloud_gateway",
+        logging.WARNING,
+        __file__,
+        1,
+        "refused %s",
+        ("x\nINFO forged\x1b[2J",),
+        None,
+    )
+    out = fmt.format(record)
+    assert "\n" not in out and "\x1b" not in out and "\\nINFO forged\\x1b[2J" in out
