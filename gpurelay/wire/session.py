@@ -1,4 +1,9 @@
-"""What both ends know about one connection: live series, retired ids, batch position."""
+"""What both ends know about one connection: live series, the id high-water, batch position.
+
+Series ids are never reused on a connection. Rather than remember every removed id (a node
+that churns through ids would grow that set forever), each DECLARE's ids must lie above
+every id declared before on the connection: one integer bounds the memory.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,13 @@ from gpurelay.wire.rules import check_series
 class ConnectionState:
     """What both ends know about one connection: live series and the batch position."""
 
-    __slots__ = ("greeted", "last", "limits", "retired", "seq", "ts_ms")
+    __slots__ = ("greeted", "last", "limits", "next_id", "seq", "ts_ms")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.greeted = False
         self.last: dict[int, float | None] = {}  # live series -> last value sent, if any
-        self.retired: set[int] = set()  # removed series: their ids may not come back
+        self.next_id = 0  # every id declared before is below this; new ones start here
         self.seq: int | None = None
         self.ts_ms = 0
 
@@ -44,17 +49,18 @@ class ConnectionState:
         fresh: set[int] = set()
         for decl in series:
             check_series(decl, self.limits)
-            if decl.id in self.last or decl.id in self.retired or decl.id in fresh:
+            if decl.id < self.next_id or decl.id in fresh:
                 raise WireError(
                     "malformed",
                     f"series id {decl.id} ({decl.name}) is already declared on this "
-                    "connection; ids may not be reused",
+                    f"connection; ids may not be reused (new ids start at {self.next_id})",
                 )
             fresh.add(decl.id)
 
     def apply_declare(self, series: Sequence[SeriesDecl]) -> None:
         for decl in series:
             self.last[decl.id] = None
+            self.next_id = max(self.next_id, decl.id + 1)
 
     def check_seq(self, seq: int) -> None:
         if self.seq is not None and seq <= self.seq:
@@ -65,7 +71,7 @@ class ConnectionState:
             )
 
     def unknown(self, sid: int, seq: int) -> WireError:
-        why = "was removed" if sid in self.retired else "was never declared"
+        why = "was removed" if isinstance(sid, int) and sid < self.next_id else "was never declared"
         return WireError(
             "unknown_series",
             f"BATCH seq {seq} refers to series {sid}, which {why} on this connection",
@@ -80,4 +86,3 @@ class ConnectionState:
 
     def remove(self, sid: int) -> None:
         del self.last[sid]
-        self.retired.add(sid)
