@@ -29,6 +29,7 @@ from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http_api import HttpState, make_app
+from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import Registry, RegistryConfig
@@ -111,6 +112,10 @@ class Gateway:
             clock=clock,
             self_metrics=self.self_metrics,
         )
+        self.connections = ConnectionGuard(
+            max_connections=cfg.http.max_connections,
+            header_timeout=cfg.http.header_timeout_seconds,
+        )
         self.http = HttpState(
             registry=self.registry,
             exposition=self.exposition,
@@ -123,6 +128,7 @@ class Gateway:
             sd_tokens=frozenset(cfg.http.sd_tokens) or None,
             protect_proxy=cfg.http.protect_proxy,
             protect_sd=cfg.http.protect_sd,
+            connections=self.connections,
         )
         self.ssh: SshServer | None = None
         self.runner: web.AppRunner | None = None
@@ -162,12 +168,15 @@ class Gateway:
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")
         self.ssh_port = await self.ssh.start(ssh_host, ssh_port)
         http_host, http_port = split_host_port(cfg.http.listen, "http.listen")
-        self.runner = web.AppRunner(make_app(self.http), access_log=None)
+        self.runner = web.AppRunner(
+            make_app(self.http),
+            access_log=None,
+            keepalive_timeout=cfg.http.idle_timeout_seconds,
+        )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, http_host, http_port, reuse_address=True)
+        site = GuardedSite(self.runner, http_host, http_port, self.connections)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.http_port = int(sockets[0].getsockname()[1]) if sockets else http_port
+        self.http_port = site.port
         if not self.http.tokens:
             log.warning(
                 "no API tokens configured: /api/* answers 403 until http.tokens or "
@@ -206,6 +215,7 @@ class Gateway:
                 channels=self.ssh.channels,
                 bodies_built=self.exposition.bodies_built,
                 http_requests=self.http.requests,
+                http_connections=self.connections.stats,
                 proxy_requests=self.proxy.requests,
                 published=self.endpoints.count(),
                 publish_refused=self.endpoints.refused,

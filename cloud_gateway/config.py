@@ -53,6 +53,24 @@ class HttpConfig:
     protect_sd: bool = True
     sd_tokens: tuple[str, ...] = ()
     proxy_timeout_seconds: float = 10.0
+    # The listener (cloud_gateway.http_listener). At max_connections a new connection
+    # closes the oldest idle one (one that never sent a whole request first), so silent
+    # sockets cannot keep /metrics and /healthz out; each takes one file descriptor
+    # (LimitNOFILE in the systemd unit). A connection must send its first request's
+    # headers within header_timeout_seconds; a kept-alive one is closed after
+    # idle_timeout_seconds without a new request (above a 60 s scrape interval).
+    max_connections: int = 4096
+    header_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 75.0
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise GatewayConfigError(
+                f"http.max_connections must be at least 1, not {self.max_connections}"
+            )
+        for name in ("header_timeout_seconds", "idle_timeout_seconds"):
+            if not getattr(self, name) > 0:
+                raise GatewayConfigError(f"http.{name} must be > 0, not {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,17 +1,25 @@
 """The gateway's own metrics (``gpurelay_gateway_*``), as families for the exposition.
 
+Every label value comes from a fixed set, never from what a client or node sent
+(DESIGN.md, "Trust boundaries"): route templates, reason and error codes, HTTP statuses.
+A value outside its set is counted as ``other``; the free text stays in logs and in the
+node's recent errors.
+
 The ``gpurelay_gateway_remote_write_*`` families are there only while remote write is
 configured (``[remote_write] url``); without it the gateway writes nothing remotely.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from http import HTTPStatus
 
 from cloud_gateway import __version__
 from cloud_gateway.auth_policy import REASONS
 from cloud_gateway.exposition import FamilySamples
 from cloud_gateway.forwarding import ForwardStats
+from cloud_gateway.http_api import ENDPOINTS
+from cloud_gateway.http_listener import CLOSE_REASONS, ConnectionStats
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import NodeState
 from cloud_gateway.remote_write import RemoteWriteStats
@@ -71,7 +79,20 @@ PUBLISH_REFUSED = _family(
     "counter",
     "Endpoints an agent offered that the gateway refused (name taken, invalid).",
 )
-HTTP = _family("gpurelay_gateway_http_requests_total", "counter", "HTTP requests, by endpoint.")
+HTTP = _family(
+    "gpurelay_gateway_http_requests_total",
+    "counter",
+    "HTTP requests, by route template (other: matched no route; proxy: forward-proxy form).",
+)
+HTTP_OPEN = _family(
+    "gpurelay_gateway_http_connections", "gauge", "Open HTTP connections (http.max_connections)."
+)
+HTTP_CLOSED = _family(
+    "gpurelay_gateway_http_connections_closed_total",
+    "counter",
+    "HTTP connections the gateway closed or refused: header_timeout (no whole request in "
+    "time), evicted (oldest idle one, at the cap), refused (at the cap, none idle).",
+)
 
 _RW = "gpurelay_gateway_remote_write_"
 _ONLY = " (only while remote write is configured)"
@@ -130,12 +151,73 @@ RW_LAST_LATENCY = _family(
 )
 
 
+OTHER = "other"
+# Codes of gpurelay.wire.WireError (its docstring lists them).
+WIRE_CODES = (
+    "version",
+    "frame_type",
+    "oversize",
+    "malformed",
+    "too_many_series",
+    "too_many_labels",
+    "bad_name",
+    "bad_label",
+    "unknown_series",
+    "order",
+)
+AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
+# Why a declared series was refused (the registry's refusal codes).
+REJECT_REASONS = (
+    "reserved_name",
+    "reserved_label",
+    "type_conflict",
+    "family_clash",
+    "duplicate_id",
+    "same_series",
+    "too_many_series",
+    "label_bytes",
+)
+# The registry's messages before it gave codes, one telling phrase each.
+_REJECT_MESSAGES = (
+    ("is reserved for the gateway", "reserved_name"),
+    ("declares it a", "type_conflict"),
+    ("is already declared", "duplicate_id"),
+    ("same name and labels", "same_series"),
+    ("series, the limit", "too_many_series"),
+)
+HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)
+
+
+def reject_reason(reason: str) -> str:
+    """A refusal's code: a code passes, a message maps to its code, anything else: other."""
+    if reason in REJECT_REASONS:
+        return reason
+    return next((code for phrase, code in _REJECT_MESSAGES if phrase in reason), OTHER)
+
+
 def _one(fam: Family, value: float, labels: tuple[tuple[str, str], ...] = ()) -> FamilySamples:
     return fam, [Sample(fam.name, labels, float(value))]
 
 
 def _by(fam: Family, label: str, counts: Mapping[str, int]) -> FamilySamples:
     return fam, [Sample(fam.name, ((label, k),), float(v)) for k, v in sorted(counts.items())]
+
+
+def _fixed(
+    fam: Family,
+    label: str,
+    counts: Mapping[str, int],
+    values: Collection[str],
+    *,
+    zeros: bool = False,
+) -> FamilySamples:
+    """Like :func:`_by`, with every key outside ``values`` counted as ``other``;
+    ``zeros``: every value of the set is there from the start."""
+    folded: dict[str, int] = dict.fromkeys(values, 0) if zeros else {}
+    for key, count in counts.items():
+        value = key if key in values else OTHER
+        folded[value] = folded.get(value, 0) + count
+    return _by(fam, label, folded)
 
 
 def gateway_families(
@@ -147,6 +229,7 @@ def gateway_families(
     channels: int,
     bodies_built: int,
     http_requests: Mapping[str, int],
+    http_connections: ConnectionStats | None = None,
     proxy_requests: Mapping[int, int] | None = None,
     published: int = 0,
     publish_refused: int = 0,
@@ -156,22 +239,33 @@ def gateway_families(
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
         by_state[state] += 1
-    auth = dict.fromkeys(REASONS, 0) | {"not_a_certificate": 0} | dict(auth_failures)
+    rejected: dict[str, int] = {}
+    for reason, count in ingest.rejected_series.items():
+        code = reject_reason(reason)
+        rejected[code] = rejected.get(code, 0) + count
+    connections = http_connections or ConnectionStats()
     families = [
         _one(INFO, 1, (("version", __version__),)),
         _by(NODES, "state", by_state),
-        _by(AUTH, "reason", auth),
-        _by(PROTOCOL, "code", protocol_errors),
+        _fixed(AUTH, "reason", auth_failures, AUTH_REASONS, zeros=True),
+        _fixed(PROTOCOL, "code", protocol_errors, WIRE_CODES),
         _one(BATCHES, ingest.batches),
         _one(REPLAYED, ingest.replays),
         _one(DUPLICATES, ingest.duplicates),
         _one(BYTES, ingest.bytes),
-        _by(REJECTED, "reason", ingest.rejected_series),
+        _by(REJECTED, "reason", rejected),
         _one(REPLACED, ingest.replaced_connections),
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
-        _by(HTTP, "endpoint", http_requests),
-        _by(PROXY, "code", {str(k): v for k, v in (proxy_requests or {}).items()}),
+        _fixed(HTTP, "endpoint", http_requests, ENDPOINTS),
+        _one(HTTP_OPEN, connections.open),
+        _fixed(HTTP_CLOSED, "reason", connections.closed, CLOSE_REASONS, zeros=True),
+        _fixed(
+            PROXY,
+            "code",
+            {str(k): v for k, v in (proxy_requests or {}).items()},
+            HTTP_STATUSES,
+        ),
         _one(PUBLISHED, published),
         _one(PUBLISH_REFUSED, publish_refused),
     ]

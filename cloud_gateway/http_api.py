@@ -20,6 +20,7 @@ from yarl import URL
 
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Exposition, bie_document
+from cloud_gateway.http_listener import ConnectionGuard
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
@@ -27,6 +28,7 @@ from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wan
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATES = ("online", "stale", "offline")
+OTHER = "other"  # the endpoint label of every path that matched no route
 
 
 @dataclasses.dataclass
@@ -45,6 +47,7 @@ class HttpState:
     sd_tokens: frozenset[str] | None = None
     protect_proxy: bool = True
     protect_sd: bool = True
+    connections: ConnectionGuard | None = None  # the listener's, when it has one
 
 
 STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
@@ -103,7 +106,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if _is_absolute_form(request):  # forward-proxy form: GET http://NODE:PORT/...
         return await forward_proxy(request)
     path = request.path
-    endpoint = "/" + path.split("/")[1]  # "/metrics", "/api", ...
+    endpoint = route_template(request)
     state.requests[endpoint] = state.requests.get(endpoint, 0) + 1
     refusal = None
     if path == "/api/v1/sd":
@@ -125,6 +128,23 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if refusal is not None:
         return refusal
     return await handler(request)
+
+
+@web.middleware
+async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tells the listener's guard that this connection has a request in flight."""
+    guard = request.app[STATE].connections
+    if guard is None:
+        return await handler(request)
+    with guard.request(request.transport):
+        return await handler(request)
+
+
+def route_template(request: web.Request) -> str:
+    """The route a request matched, as its template (``/api/v1/nodes/{node}``), or
+    ``other``: a label value from a fixed set, whatever path a client sends."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else OTHER
 
 
 def _is_absolute_form(request: web.Request) -> bool:
@@ -284,8 +304,25 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(OPENAPI)
 
 
+# Values of gpurelay_gateway_http_requests_total{endpoint}: make_app's route templates,
+# "proxy" for the forward-proxy form, OTHER for paths that matched no route.
+ENDPOINTS = (
+    "/metrics",
+    "/v1/collect",
+    "/api/v1/nodes",
+    "/api/v1/nodes/{node}",
+    "/healthz",
+    "/readyz",
+    "/openapi.json",
+    "/api/v1/sd",
+    "/proxy/{node}/{port}/{path}",
+    "proxy",
+    OTHER,
+)
+
+
 def make_app(state: HttpState) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware])
+    app = web.Application(middlewares=[track_requests, auth_middleware])
     app[STATE] = state
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/collect", bie_collect)

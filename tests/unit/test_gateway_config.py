@@ -79,3 +79,40 @@ def test_a_bad_remote_write_value_is_a_one_line_error(
     with pytest.raises(GatewayConfigError) as err:
         load(f, env)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_http_listener_limits_have_defaults_and_come_from_toml_and_environment(
+    tmp_path: Path,
+) -> None:
+    http = load(None, {}).http
+    assert (http.max_connections, http.header_timeout_seconds, http.idle_timeout_seconds) == (
+        4096,
+        10.0,
+        75.0,
+    )
+    f = tmp_path / "gateway.toml"
+    f.write_text("[http]\nmax_connections = 200\nheader_timeout_seconds = 5\n")
+    http = load(f, {"CLOUD_GATEWAY_HTTP_IDLE_TIMEOUT_SECONDS": "30"}).http
+    assert (http.max_connections, http.header_timeout_seconds, http.idle_timeout_seconds) == (
+        200,
+        5.0,
+        30.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("max_connections = 0\n", "http.max_connections must be at least 1, not 0"),
+        ("header_timeout_seconds = 0\n", "http.header_timeout_seconds must be > 0, not 0"),
+        ("idle_timeout_seconds = -1\n", "http.idle_timeout_seconds must be > 0, not -1"),
+    ],
+)
+def test_a_bad_http_listener_limit_is_a_one_line_error(
+    tmp_path: Path, toml: str, message: str
+) -> None:
+    f = tmp_path / "gateway.toml"
+    f.write_text("[http]\n" + toml)
+    with pytest.raises(GatewayConfigError) as err:
+        load(f, {})
+    assert message in str(err.value) and "\n" not in str(err.value)

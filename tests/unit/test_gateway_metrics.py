@@ -1,14 +1,18 @@
-"""The gateway's own metrics: remote write families only while remote write is on."""
+"""The gateway's own metrics: remote write families only while remote write is on; label
+values from fixed sets only."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.forwarding import ForwardStats
-from cloud_gateway.gateway_metrics import gateway_families
+from cloud_gateway.gateway_metrics import AUTH_REASONS, gateway_families, reject_reason
+from cloud_gateway.http_api import ENDPOINTS, HttpState, make_app
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import Registry
 from cloud_gateway.remote_write import RemoteWriteStats
@@ -73,3 +77,89 @@ def test_remote_write_families(promtool: Path) -> None:
         "last_request_duration_seconds": 0.25,
     }
     assert unexpected_findings(promtool, text.encode()) == []
+
+
+def labelled(**stats: Any) -> dict[str, dict[str, float]]:
+    """family -> {label value -> value} of the gateway's one-label families."""
+    args: dict[str, Any] = {
+        "states": {},
+        "auth_failures": {},
+        "protocol_errors": {},
+        "ingest": IngestStats(),
+        "channels": 0,
+        "bodies_built": 0,
+        "http_requests": {},
+    }
+    exposition = Exposition(Registry())
+    exposition.set_extra(gateway_families(**(args | stats)))
+    text = exposition.body(openmetrics=False, gzip=False).decode()
+    found: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if len(s.labels) == 1:
+                found.setdefault(fam.name, {})[next(iter(s.labels.values()))] = s.value
+    return found
+
+
+def test_label_values_come_from_fixed_sets_whatever_was_counted() -> None:
+    """Client paths, free-text reasons, unknown codes: folded into `other`, never a label."""
+    ingest = IngestStats()
+    for i in range(500):
+        ingest.rejected_series[
+            f"metric name gpurelay_gateway_x{i} is reserved for the gateway"
+        ] += 1
+    ingest.rejected_series["same_series"] += 2  # a code passes as it is
+    ingest.rejected_series["something new"] += 1
+    v = labelled(
+        ingest=ingest,
+        http_requests={"/metrics": 3, "/api/v1/nodes/{node}": 1} | {f"/x{i}": 1 for i in range(50)},
+        protocol_errors={"malformed": 1} | {f"code{i}": 1 for i in range(20)},
+        auth_failures={"expired": 1, "made-up": 4},
+        proxy_requests={200: 5, 599: 1, 299: 2},
+    )
+    assert v["gpurelay_gateway_rejected_series"] == {
+        "reserved_name": 500,
+        "same_series": 2,
+        "other": 1,
+    }
+    assert v["gpurelay_gateway_http_requests"] == {
+        "/metrics": 3,
+        "/api/v1/nodes/{node}": 1,
+        "other": 50,
+    }
+    assert v["gpurelay_gateway_protocol_errors"] == {"malformed": 1, "other": 20}
+    assert v["gpurelay_gateway_auth_failures"]["other"] == 4
+    assert set(v["gpurelay_gateway_auth_failures"]) == {*AUTH_REASONS, "other"}
+    assert v["gpurelay_gateway_proxy_requests"] == {"200": 5, "other": 3}
+    assert v["gpurelay_gateway_http_connections_closed"] == {
+        "header_timeout": 0,
+        "evicted": 0,
+        "refused": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("metric name gpurelay_gateway_up is reserved for the gateway", "reserved_name"),
+        ("series id 7 is already declared on this connection", "duplicate_id"),
+        (
+            "family m is a gauge (first declared by node 'a'); this series declares it a counter",
+            "type_conflict",
+        ),
+        ("same name and labels as series id 3", "same_series"),
+        ("node has 50000 series, the limit", "too_many_series"),
+        ("label_bytes", "label_bytes"),
+        ("anything else", "other"),
+    ],
+)
+def test_refusal_messages_map_to_their_codes(message: str, code: str) -> None:
+    assert reject_reason(message) == code
+
+
+def test_every_route_is_an_endpoint_label_value() -> None:
+    app = make_app(
+        HttpState(registry=Registry(), exposition=Exposition(Registry()), tokens=frozenset())
+    )
+    templates = {r.canonical for r in app.router.resources()}
+    assert templates | {"proxy", "other"} == set(ENDPOINTS)

@@ -1,0 +1,257 @@
+"""The gateway's HTTP listener: a cap on connections, a deadline for the first request's
+headers, an idle timeout. Clients that connect and say nothing (or say it slowly) can
+neither hold the listener nor keep ``/metrics``, ``/healthz`` or SSH logins out
+(DESIGN.md, "Trust boundaries").
+
+aiohttp (3.14) bounds header sizes (8190-byte lines and fields, 128 headers) and closes a
+connection that has no complete request ``keepalive_timeout`` after it connected or after
+its last response; that timer is our idle timeout. It caps nothing and has no shorter
+deadline for a first request. Both live here, in a protocol wrapped around aiohttp's own
+per-connection handler:
+
+- **header timeout**: a new connection must deliver its first request's headers within
+  ``header_timeout_seconds`` (:func:`track_requests` sees the request start) or is closed;
+- **cap**: at ``max_connections`` a new connection makes room by closing the oldest idle
+  one: first one that never sent a whole request, else a kept-alive one with no request
+  in flight and nothing left to write. Only if every connection is busy is the new one
+  refused (a 503). A flood of silent sockets thus churns among itself, and a scraper that
+  connects and sends its request at once is always served. (A reserved share for
+  ``/metrics`` would not do: the path is unknown until the headers arrive, and by then
+  the connection already holds its slot.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from aiohttp import web
+
+log = logging.getLogger("cloud_gateway.http")
+
+# Values of gpurelay_gateway_http_connections_closed_total{reason}.
+CLOSE_REASONS: Final = ("header_timeout", "evicted", "refused")
+# A kept-alive connection is only evicted this long after its last response ended (its
+# bytes have left by then unless the client stopped reading: the write buffer says so).
+SETTLE_SECONDS: Final = 1.0
+LOG_EVERY_SECONDS: Final = 10.0
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 37\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n\r\ntoo many busy connections, try again\n"
+)
+
+
+@dataclass
+class ConnectionStats:
+    open: int = 0
+    closed: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(CLOSE_REASONS, 0)))
+
+
+class _Throttled:
+    """One log line per ``every`` seconds at most; the next line counts the ones left out."""
+
+    def __init__(self, level: int, every: float = LOG_EVERY_SECONDS) -> None:
+        self.level, self.every = level, every
+        self._next = 0.0
+        self._left_out = 0
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._left_out += 1
+            return
+        if self._left_out:
+            message += " (and %d more like it since the last such line)"
+            args = (*args, self._left_out)
+        log.log(self.level, message, *args)
+        self._next, self._left_out = now + self.every, 0
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: aiohttp's handler inside, the guard's bookkeeping around."""
+
+    def __init__(self, guard: ConnectionGuard, server: web.Server) -> None:
+        self.guard = guard
+        self._server = server
+        self.handler: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer: Any = None
+        self.in_flight = 0
+        self.ended = 0.0  # monotonic time the last request ended
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        if not self.guard.admit(self):
+            transport.write(_BUSY)
+            transport.close()
+            return
+        self.handler = self._server()
+        self.handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.forget(self)
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
+
+    def idle(self, now: float) -> bool:
+        """No request in flight, none for a while, nothing left to send."""
+        assert self.transport is not None
+        return (
+            self.in_flight == 0
+            and now - self.ended >= self.guard.settle
+            and self.transport.get_write_buffer_size() == 0
+        )
+
+
+class ConnectionGuard:
+    """Admits, times and evicts the HTTP listener's connections (see the module doc)."""
+
+    def __init__(
+        self, *, max_connections: int, header_timeout: float, settle: float = SETTLE_SECONDS
+    ) -> None:
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.settle = settle
+        self.stats = ConnectionStats()
+        # Insertion order is age. Fresh: no request started yet; served: at least one.
+        self._fresh: dict[_Connection, None] = {}
+        self._served: dict[_Connection, None] = {}
+        self._by_transport: dict[asyncio.BaseTransport, _Connection] = {}
+        self._log_timeout = _Throttled(logging.INFO)
+        self._log_evicted = _Throttled(logging.WARNING)
+        self._log_refused = _Throttled(logging.WARNING)
+
+    def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Connection(self, server)
+
+    def admit(self, conn: _Connection) -> bool:
+        if len(self._fresh) + len(self._served) >= self.max_connections:
+            victim = self._idlest()
+            if victim is None:
+                self.stats.closed["refused"] += 1
+                self._log_refused(
+                    "HTTP connections at the cap (%d), all busy: refused %r with a 503 "
+                    "(http.max_connections)",
+                    self.max_connections,
+                    conn.peer,
+                )
+                return False
+            self._close(victim, "evicted")
+            self._log_evicted(
+                "HTTP connections at the cap (%d): closed the oldest idle one, from %r, "
+                "to admit %r (http.max_connections)",
+                self.max_connections,
+                victim.peer,
+                conn.peer,
+            )
+        assert conn.transport is not None
+        self._fresh[conn] = None
+        self._by_transport[conn.transport] = conn
+        self.stats.open += 1
+        conn.timer = asyncio.get_running_loop().call_later(
+            self.header_timeout, self._header_timeout, conn
+        )
+        return True
+
+    def forget(self, conn: _Connection) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn.transport is not None and self._by_transport.pop(conn.transport, None) is not None:
+            self._fresh.pop(conn, None)
+            self._served.pop(conn, None)
+            self.stats.open -= 1
+
+    @contextmanager
+    def request(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
+        """Marks the connection busy while a request is handled."""
+        conn = self._by_transport.get(transport) if transport is not None else None
+        if conn is None:
+            yield
+            return
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn in self._fresh:
+            del self._fresh[conn]
+            self._served[conn] = None
+        conn.in_flight += 1
+        try:
+            yield
+        finally:
+            conn.in_flight -= 1
+            conn.ended = time.monotonic()
+
+    def _idlest(self) -> _Connection | None:
+        for conn in self._fresh:
+            return conn
+        now = time.monotonic()
+        return next((c for c in self._served if c.idle(now)), None)
+
+    def _header_timeout(self, conn: _Connection) -> None:
+        conn.timer = None
+        if conn in self._fresh:
+            self._close(conn, "header_timeout")
+            self._log_timeout(
+                "closed the HTTP connection from %r: no complete request within %gs "
+                "(http.header_timeout_seconds)",
+                conn.peer,
+                self.header_timeout,
+            )
+
+    def _close(self, conn: _Connection, reason: str) -> None:
+        self.stats.closed[reason] += 1
+        self.forget(conn)
+        assert conn.transport is not None
+        conn.transport.close()
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections pass through a :class:`ConnectionGuard`."""
+
+    __slots__ = ("_guard", "_host", "_port", "port")
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard
+    ) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._guard = host, port, guard
+        self.port = port  # the bound port once started
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._guard.protocol_factory(server), self._host, self._port, reuse_address=True
+        )
+        if self._server.sockets:
+            self.port = int(self._server.sockets[0].getsockname()[1])
