@@ -32,7 +32,7 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway.auth_policy import check_user_certificate, describe
 from cloud_gateway.endpoints import EndpointTable, PublishedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
-from gpurelay.asyncssh_hooks import hook_certificate_validation
+from gpurelay.asyncssh_hooks import hook_certificate_validation, hook_undecodable_certificate
 from gpurelay.wire import (
     READ_CHUNK,
     SUBSYSTEM,
@@ -132,6 +132,12 @@ class _ConnectionAuth(asyncssh.SSHServer):
         # asyncssh validates certificates itself but does not say *why* one failed. Check
         # first with our policy (which also knows revocations), then let asyncssh re-check.
         hook_certificate_validation(conn, check, accepted)
+
+        def undecodable(username: str, why: str) -> None:
+            detail = f"node {username!r} offered a certificate that cannot be used: {why!r}"
+            self._refuse(username, "bad_certificate", detail)
+
+        hook_undecodable_certificate(conn, undecodable)
 
     def _refuse(self, username: str, reason: str, detail: str) -> None:
         self._username, self._reason, self._detail = username, reason, detail

@@ -1,4 +1,4 @@
-"""The two places where we wrap a private asyncssh method, and the check that both still fit.
+"""The places where we wrap a private asyncssh method, and the check that they still fit.
 
 asyncssh's public callbacks say *that* something was refused, not *why* or *how often*:
 
@@ -7,17 +7,22 @@ asyncssh's public callbacks say *that* something was refused, not *why* or *how 
   and log each refusal by reason (untrusted CA, expired, principal mismatch, revoked ...)
   the gateway runs its own policy first, inside
   ``SSHServerConnection._validate_openssh_certificate(username, cert)``.
+- :func:`hook_undecodable_certificate` (the gateway): a certificate asyncssh cannot even
+  decode (an ``ssh-keygen -O critical:...`` option it does not know, a damaged blob) is
+  dropped inside ``SSHServerConnection._validate_client_certificate(username, key_data)``
+  without a word; the client then offers its plain key, and the refusal would read "not a
+  certificate". The hook says what was wrong with the certificate instead.
 - :func:`hook_forwarded_open` (the agent): asyncssh refuses a forwarded connection to an
   endpoint that was never published inside
   ``SSHClientConnection._process_forwarded_tcpip_open(packet)`` and tells the application
   nothing. The agent counts those refusals (``proxy_refused``).
 
-Both wrap the method on one connection object only, never on the class. asyncssh finds
-the first through ``self._validate_openssh_certificate`` and the second through
+Each wraps the method on one connection object only, never on the class. asyncssh finds
+the gateway's through ``self._validate_...`` and the agent's through
 ``getattr(self, '_process_' + channel_type + '_open')``, so an attribute set on the
 instance takes effect.
 
-If asyncssh renames either method or changes its parameters, the hook would silently stop
+If asyncssh renames one of these methods or changes its parameters, the hook would silently stop
 running (refusals would go uncounted, the gateway would lose its revocation check).
 Instead :func:`verify_asyncssh` runs when this module is imported and raises
 :class:`AsyncsshChanged` naming what moved, so neither binary starts against an asyncssh
@@ -35,11 +40,18 @@ from typing import Any
 
 import asyncssh
 from asyncssh.connection import SSHClientConnection, SSHServerConnection
-from asyncssh.public_key import SSHKey, SSHOpenSSHCertificate
+from asyncssh.packet import PacketDecodeError, SSHPacket
+from asyncssh.public_key import (
+    KeyImportError,
+    SSHKey,
+    SSHOpenSSHCertificate,
+    decode_ssh_certificate,
+)
 
 # (class, method, its parameters after self, a coroutine function?)
 PRIVATE_API: tuple[tuple[type, str, tuple[str, ...], bool], ...] = (
     (SSHServerConnection, "_validate_openssh_certificate", ("username", "cert"), True),
+    (SSHServerConnection, "_validate_client_certificate", ("username", "key_data"), True),
     (SSHClientConnection, "_process_forwarded_tcpip_open", ("packet",), False),
 )
 
@@ -90,6 +102,33 @@ def hook_certificate_validation(
         return key
 
     conn._validate_openssh_certificate = validate  # type: ignore[method-assign]
+
+
+def hook_undecodable_certificate(
+    conn: SSHServerConnection, on_undecodable: Callable[[str, str], None]
+) -> None:
+    """Call ``on_undecodable(username, why)`` when a client on ``conn`` offers an OpenSSH
+    certificate that asyncssh cannot decode; asyncssh still refuses it."""
+    original = conn._validate_client_certificate
+
+    async def validate(username: str, key_data: bytes) -> SSHKey | None:
+        key: SSHKey | None = await original(username, key_data)
+        if key is None and is_certificate_blob(key_data):
+            try:
+                decode_ssh_certificate(key_data)
+            except KeyImportError as exc:  # asyncssh keeps the detail in the context
+                on_undecodable(username, str(exc.__context__ or exc))
+        return key
+
+    conn._validate_client_certificate = validate  # type: ignore[method-assign]
+
+
+def is_certificate_blob(key_data: bytes) -> bool:
+    """Whether ``key_data`` names an OpenSSH certificate algorithm (``...-cert-v01@...``)."""
+    try:
+        return SSHPacket(key_data).get_string().endswith(b"-cert-v01@openssh.com")
+    except PacketDecodeError:
+        return False
 
 
 def hook_forwarded_open(

@@ -1,0 +1,83 @@
+"""Hostile or broken nodes over real SSH on loopback (issue 12): refusals name the peer and
+the real reason; what a node sends is quoted in the gateway's log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.fleet import (
+    agent_config,
+    auth_failures,
+    gateway_config,
+    make_pki,
+    running_agent,
+    running_gateway,
+)
+from harness.waiting import wait_for
+from tests.conftest import required_tool
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")]
+
+
+async def test_a_refused_login_names_the_peer_address(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It said ``refused edge-a from None``: the peer was read after the transport closed."""
+    pki = make_pki(tmp_path)
+    creds = pki.node("edge-a", days=1, now=time.time() - 3 * 86400)  # expired
+    with caplog.at_level(logging.WARNING, logger="cloud_gateway"):
+        async with running_gateway(gateway_config(pki)) as gw:
+            async with running_agent(agent_config(pki, "edge-a", gw, creds=creds)):
+                await wait_for(lambda: auth_failures(gw, "expired") >= 1, what="a refusal")
+    lines = refusals(caplog)
+    assert lines, caplog.text
+    assert all(" from 127.0.0.1:" in line for line in lines), lines
+    assert "from None" not in caplog.text
+
+
+async def test_a_certificate_with_an_unknown_critical_option_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused (right), but it was counted as ``not_a_certificate`` (wrong): asyncssh drops
+    a certificate it cannot decode and the client falls back to its plain key."""
+    keygen = required_tool("ssh-keygen", "EDGE_GPU_RELAY_REQUIRE_SSH_KEYGEN", "openssh-client")
+    pki = make_pki(tmp_path)
+    creds = pki.node("edge-a")
+    signed = tmp_path / "odd"
+    signed.mkdir()
+    public = signed / "edge-a.pub"
+    shutil.copy(creds.public_key, public)
+    subprocess.run(
+        [str(keygen), "-q", "-s", str(pki.ca.dir / "user_ca"), "-I", "edge-a", "-n", "edge-a",
+         "-O", "critical:frobnicate=yes", "-V", "+1d", str(public)],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    ssh = required_tool("ssh", "EDGE_GPU_RELAY_REQUIRE_SSH_KEYGEN", "openssh-client")
+    with caplog.at_level(logging.WARNING, logger="cloud_gateway"):
+        async with running_gateway(gateway_config(pki)) as gw:
+            # OpenSSH's own client: asyncssh cannot even load such a certificate
+            login = await asyncio.create_subprocess_exec(
+                str(ssh), "-F", "/dev/null", "-p", str(gw.ssh_port),
+                "-i", str(creds.private_key), "-o", f"CertificateFile={signed / 'edge-a-cert.pub'}",
+                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
+                "-s", "edge-a@127.0.0.1", "gpurelay",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            _, err = await asyncio.wait_for(login.communicate(), 30)
+            assert login.returncode != 0, err
+            await wait_for(
+                lambda: auth_failures(gw, "bad_certificate") >= 1, what="bad_certificate"
+            )
+            assert auth_failures(gw, "not_a_certificate") == 0
+    assert any("frobnicate" in line for line in refusals(caplog)), caplog.text
