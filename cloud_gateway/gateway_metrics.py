@@ -23,6 +23,7 @@ from cloud_gateway.http_listener import CLOSE_REASONS, ConnectionStats
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import NodeState
 from cloud_gateway.remote_write import RemoteWriteStats
+from cloud_gateway.series_policy import REFUSAL_CODES
 from gpurelay.model import Family, MetricType, Sample
 
 
@@ -166,33 +167,7 @@ WIRE_CODES = (
     "order",
 )
 AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
-# Why a declared series was refused (the registry's refusal codes).
-REJECT_REASONS = (
-    "reserved_name",
-    "reserved_label",
-    "type_conflict",
-    "family_clash",
-    "duplicate_id",
-    "same_series",
-    "too_many_series",
-    "label_bytes",
-)
-# The registry's messages before it gave codes, one telling phrase each.
-_REJECT_MESSAGES = (
-    ("is reserved for the gateway", "reserved_name"),
-    ("declares it a", "type_conflict"),
-    ("is already declared", "duplicate_id"),
-    ("same name and labels", "same_series"),
-    ("series, the limit", "too_many_series"),
-)
 HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)
-
-
-def reject_reason(reason: str) -> str:
-    """A refusal's code: a code passes, a message maps to its code, anything else: other."""
-    if reason in REJECT_REASONS:
-        return reason
-    return next((code for phrase, code in _REJECT_MESSAGES if phrase in reason), OTHER)
 
 
 def _one(fam: Family, value: float, labels: tuple[tuple[str, str], ...] = ()) -> FamilySamples:
@@ -239,10 +214,6 @@ def gateway_families(
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
         by_state[state] += 1
-    rejected: dict[str, int] = {}
-    for reason, count in ingest.rejected_series.items():
-        code = reject_reason(reason)
-        rejected[code] = rejected.get(code, 0) + count
     connections = http_connections or ConnectionStats()
     families = [
         _one(INFO, 1, (("version", __version__),)),
@@ -253,7 +224,7 @@ def gateway_families(
         _one(REPLAYED, ingest.replays),
         _one(DUPLICATES, ingest.duplicates),
         _one(BYTES, ingest.bytes),
-        _by(REJECTED, "reason", rejected),
+        _fixed(REJECTED, "reason", ingest.rejected_series, REFUSAL_CODES),
         _one(REPLACED, ingest.replaced_connections),
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
