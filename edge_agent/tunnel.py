@@ -268,6 +268,19 @@ class Tunnel:
             raise TunnelError(
                 f"the gateway's host key is not trusted by {self._cfg.known_hosts}: {exc.reason}"
             ) from exc
+        except asyncssh.KeyExchangeFailed as exc:
+            if "host key" not in exc.reason:  # no common cipher, MAC, ...
+                self.stats.fail("connect", str(exc))
+                raise TunnelError(
+                    f"cannot agree on SSH algorithms with {host}:{port}: {exc}"
+                ) from exc
+            self.stats.fail("host_key", str(exc))
+            raise TunnelError(
+                f"the gateway {host}:{port} offers no host key that {self._cfg.known_hosts} "
+                f"trusts ({exc.reason}): an @cert-authority line needs a gateway with a host "
+                "certificate (cloud-gateway certs issue-gateway HOST, then ssh.host_certificate "
+                "or <host_key>-cert.pub on the gateway); or pin the gateway's host key instead"
+            ) from exc
         except (OSError, TimeoutError, asyncssh.Error) as exc:
             self.stats.fail("connect", str(exc))
             raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc

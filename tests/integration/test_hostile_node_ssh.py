@@ -4,6 +4,7 @@ the real reason; what a node sends is quoted in the gateway's log."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -81,3 +82,27 @@ async def test_a_certificate_with_an_unknown_critical_option_is_named(
             )
             assert auth_failures(gw, "not_a_certificate") == 0
     assert any("frobnicate" in line for line in refusals(caplog)), caplog.text
+
+
+async def test_a_gateway_without_a_host_certificate_is_a_host_key_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent trusts the host CA (an @cert-authority line) and the gateway has a key but
+    no certificate: asyncssh says "Unable to find compatible server host key", which was
+    counted as `connect` (network trouble, says the guide). It is a host key problem."""
+    pki = make_pki(tmp_path)
+    bare = tmp_path / "bare" / "host_key"  # the gateway's key without its -cert.pub
+    bare.parent.mkdir()
+    shutil.copy(pki.gateway_key, bare)
+    cfg = gateway_config(pki)
+    cfg = dataclasses.replace(cfg, ssh=dataclasses.replace(cfg.ssh, host_key=bare))
+    with caplog.at_level(logging.WARNING, logger="edge_agent"):
+        async with running_gateway(cfg) as gw:
+            async with running_agent(agent_config(pki, "edge-a", gw)) as agent:
+                tunnel = agent.tunnel
+                assert tunnel is not None
+                await wait_for(
+                    lambda: tunnel.stats.failures.get("host_key", 0) >= 1, what="host_key"
+                )
+                assert tunnel.stats.failures.get("connect", 0) == 0
+    assert "host certificate" in caplog.text and "issue-gateway" in caplog.text
