@@ -4,12 +4,29 @@ Two forms on the gateway's HTTP port: an HTTP forward proxy for Prometheus ``pro
 (request line ``GET http://NODE:PORT/metrics HTTP/1.1``) and the path form
 ``/proxy/{node}/{port}/{path}``. The gateway resolves NODE:PORT to the agent that
 published it, opens a ``forwarded-tcpip`` channel on that agent's SSH connection, sends
-the request as HTTP/1.1 and streams the answer back (Content-Length, chunked or
-until-close framing); channels are kept open and reused for the next scrape of the same
-endpoint (keep-alive), so a scrape normally costs one tunnel round trip.
+the request as HTTP/1.1 and streams the answer back; channels are kept open and reused
+for the next scrape of the same endpoint (keep-alive), so a scrape normally costs one
+tunnel round trip. HTTP on the channel is h11's (:mod:`cloud_gateway.proxy_http`), never
+hand-written framing.
 
-Errors name the node and port in one line: unknown node 404, node offline 503 (with when
-it was last seen), port not published 403, upstream refused 502, upstream timeout 504.
+What a client or an upstream cannot make the proxy do:
+
+- put a control byte, space, CR/LF or non-ASCII character into the upstream request: the
+  target is the path and query re-encoded (:func:`~cloud_gateway.proxy_http.request_target`),
+  headers go through h11, so one client request is exactly one upstream request;
+- hand one client's response to another: a channel goes back to the pool only after a
+  complete response to a complete request with nothing left over, and leaves the pool at
+  once if the upstream sends anything unasked or closes while it waits;
+- hold the gateway: the response head is at most 64 KiB (502 beyond), and opening the
+  channel, the head and the body all finish within the scrape timeout
+  (``X-Prometheus-Scrape-Timeout-Seconds``, at most ``timeout``; 504 after). A response
+  that breaks off after its head was relayed closes the client's connection, so the
+  client sees a truncated body as an error, never as a complete one.
+
+Not passed on: hop-by-hop headers (also those named in ``Connection``) and the
+credentials meant for the gateway itself. Errors name the node and port in one line:
+unknown node 404, node offline 503 (with when it was last seen), port not published 403,
+a request h11 will not write 400, upstream refused or broke HTTP 502, timeout 504.
 """
 
 from __future__ import annotations
@@ -17,20 +34,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
 import asyncssh
+import h11
 from aiohttp import web
 
 from cloud_gateway.endpoints import EndpointTable
+from cloud_gateway.proxy_http import UpstreamChannel, UpstreamError, header_bytes, request_target
 from cloud_gateway.registry import Registry
 from cloud_gateway.self_metrics import SelfMetrics
 
-MAX_HEADER_BYTES = 64 * 1024
 MAX_IDLE_PER_ENDPOINT = 4  # keep-alive channels kept open per NODE:PORT
-CHUNK = 65536
 # Not passed on: hop-by-hop headers and the credentials meant for the gateway itself.
 _DROP_REQUEST = frozenset(
     h.lower()
@@ -68,6 +85,24 @@ class ProxyError(Exception):
         self.status = status
 
 
+class _BrokenOff(ProxyError):
+    """The upstream failed after the response head went to the client."""
+
+    def __init__(self, status: int, message: str, response: web.StreamResponse) -> None:
+        super().__init__(status, message)
+        self.response = response
+
+
+def _connection_listed(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """Header names a ``Connection`` header declares hop-by-hop."""
+    return frozenset(
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == "connection"
+        for token in value.split(",")
+    )
+
+
 @dataclass
 class Proxy:
     registry: Registry
@@ -76,7 +111,7 @@ class Proxy:
     clock: Callable[[], float] = time.time
     requests: Counter[int] = field(default_factory=Counter)
     self_metrics: SelfMetrics = field(default_factory=SelfMetrics)
-    _idle: dict[tuple[str, int], list[_ProxyChannel]] = field(default_factory=dict)
+    _idle: dict[tuple[str, int], list[UpstreamChannel]] = field(default_factory=dict)
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
         endpoint = self.endpoints.lookup(node, port)
@@ -110,12 +145,16 @@ class Proxy:
         self, request: web.Request, node: str, port: int, path_qs: str
     ) -> web.StreamResponse:
         started = time.monotonic()
+        response: web.StreamResponse
         try:
             response = await self._relay(request, node, port, path_qs, started)
+            status = response.status
+        except _BrokenOff as exc:
+            response, status = exc.response, exc.status
         except ProxyError as exc:
-            response = web.Response(status=exc.status, text=f"{exc}\n")
-        self.requests[response.status] += 1
-        self.self_metrics.observe_proxy(response.status, time.monotonic() - started)
+            response, status = web.Response(status=exc.status, text=f"{exc}\n"), exc.status
+        self.requests[status] += 1
+        self.self_metrics.observe_proxy(status, time.monotonic() - started)
         return response
 
     def _deadline(self, request: web.Request) -> float:
@@ -126,217 +165,142 @@ class Proxy:
                 timeout = min(timeout, float(header))
         return timeout
 
+    async def _relay(
+        self, request: web.Request, node: str, port: int, path_qs: str, started: float
+    ) -> web.StreamResponse:
+        conn = self.resolve(node, port)
+        timeout = self._deadline(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout - (time.monotonic() - started)
+        body = await request.read() if request.can_read_body else b""
+        try:
+            outgoing = h11.Request(
+                method=request.method.encode("ascii"),
+                target=request_target(path_qs),
+                headers=self._request_headers(request, node, port, len(body)),
+            )
+        except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
+            raise ProxyError(400, f"the request cannot be relayed to {node}:{port}: {exc}") from exc
+        for _attempt in range(2):  # a pooled channel may have been closed by the upstream
+            channel, reused = await self._channel(conn, node, port, deadline)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    channel.send(outgoing, body)
+                    head = await channel.response()
+            except TimeoutError as exc:
+                channel.close()
+                raise ProxyError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
+            except (UpstreamError, ConnectionError, asyncssh.Error) as exc:
+                channel.close()
+                if reused:
+                    continue  # stale keep-alive channel: once more on a fresh one
+                raise ProxyError(502, f"{node}:{port} sent no valid HTTP response: {exc}") from exc
+            return await self._stream(
+                request, channel, head, node=node, port=port, deadline=deadline, timeout=timeout
+            )
+        raise ProxyError(502, f"{node}:{port} closed the connection")
+
     async def _channel(
-        self, conn: asyncssh.SSHServerConnection, node: str, port: int, timeout: float
-    ) -> tuple[_ProxyChannel, bool]:
+        self, conn: asyncssh.SSHServerConnection, node: str, port: int, deadline: float
+    ) -> tuple[UpstreamChannel, bool]:
         """An idle keep-alive channel to NODE:PORT on this connection, or a new one."""
         idle = self._idle.get((node, port), [])
         while idle:
             channel = idle.pop()
-            if channel.conn is conn and not channel.reader.at_eof():
+            if channel.conn is conn and await channel.unpark():
                 return channel, True
-            channel.writer.close()
+            channel.close()
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
         try:
-            reader, writer = await asyncio.wait_for(conn.open_connection(node, port), timeout)
+            reader, writer = await asyncio.wait_for(conn.open_connection(node, port), remaining)
         except TimeoutError as exc:
             raise ProxyError(504, f"timed out opening a channel to {node}:{port}") from exc
         except asyncssh.ChannelOpenError as exc:
             raise ProxyError(502, f"{node}:{port} refused the connection: {exc.reason}") from exc
         except (OSError, asyncssh.Error) as exc:
             raise ProxyError(502, f"the tunnel to {node}:{port} failed: {exc}") from exc
-        return _ProxyChannel(conn, reader, writer), False
-
-    async def _relay(
-        self, request: web.Request, node: str, port: int, path_qs: str, started: float
-    ) -> web.StreamResponse:
-        conn = self.resolve(node, port)
-        timeout = self._deadline(request)
-        body = await request.read() if request.can_read_body else b""
-        head = self._request_head(request, node, port, path_qs, len(body)) + body
-        for _attempt in range(2):  # a pooled channel may have been closed by the upstream
-            channel, reused = await self._channel(conn, node, port, timeout)
-            try:
-                channel.writer.write(head)
-                remaining = timeout - (time.monotonic() - started)
-                upstream = _Buffered(channel.reader)
-                status, reason, headers = await asyncio.wait_for(
-                    upstream.head(), max(remaining, 0.001)
-                )
-            except TimeoutError as exc:
-                channel.writer.close()
-                raise ProxyError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
-            except (_BadUpstream, ConnectionError, asyncssh.Error) as exc:
-                channel.writer.close()
-                if reused:
-                    continue  # stale keep-alive channel: once more on a fresh one
-                raise ProxyError(502, f"{node}:{port} sent no valid HTTP response: {exc}") from exc
-            return await self._stream(
-                request,
-                channel,
-                upstream=upstream,
-                status=status,
-                reason=reason,
-                headers=headers,
-                node=node,
-                port=port,
-                started=started,
-                timeout=timeout,
-            )
-        raise ProxyError(502, f"{node}:{port} closed the connection")
+        return UpstreamChannel(conn, reader, writer), False
 
     async def _stream(
         self,
         request: web.Request,
-        channel: _ProxyChannel,
+        channel: UpstreamChannel,
+        head: h11.Response,
         *,
-        upstream: _Buffered,
-        status: int,
-        reason: str,
-        headers: list[tuple[str, str]],
         node: str,
         port: int,
-        started: float,
+        deadline: float,
         timeout: float,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(status=status, reason=reason)
-        lowered = {k.lower(): v for k, v in headers}
+        headers = [
+            (name.decode("latin-1"), value.decode("utf-8", errors="replace"))
+            for name, value in head.headers.raw_items()
+        ]
+        drop = _DROP_RESPONSE | _connection_listed(headers)
+        response = web.StreamResponse(
+            status=head.status_code, reason=head.reason.decode("utf-8", errors="replace")
+        )
         for name, value in headers:
-            if name.lower() not in _DROP_RESPONSE:
+            if name.lower() not in drop:
                 response.headers.add(name, value)
-        reusable = "close" not in lowered.get("connection", "").lower()
         try:
-            await response.prepare(request)
-            if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-                chunks = upstream.nothing()
-            elif "chunked" in lowered.get("transfer-encoding", "").lower():
-                chunks = upstream.chunked()
-            elif "content-length" in lowered:
-                chunks = upstream.exactly(int(lowered["content-length"]))
-            else:
-                reusable = False
-                chunks = upstream.until_eof()
-            while True:
-                remaining = timeout - (time.monotonic() - started)
-                chunk = await asyncio.wait_for(anext(chunks, b""), max(remaining, 0.001))
-                if not chunk:
-                    break
-                await response.write(chunk)
+            async with asyncio.timeout_at(deadline):
+                await response.prepare(request)
+                async for chunk in channel.body():
+                    await response.write(chunk)
             await response.write_eof()
         except TimeoutError as exc:
-            channel.writer.close()
-            raise ProxyError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
-        except (ValueError, _BadUpstream, ConnectionError, asyncssh.Error) as exc:
-            channel.writer.close()
-            raise ProxyError(502, f"{node}:{port} broke off its response: {exc}") from exc
-        if reusable and upstream.clean():
-            idle = self._idle.setdefault((node, port), [])
-            if len(idle) < MAX_IDLE_PER_ENDPOINT:
-                idle.append(channel)
-                return response
-        channel.writer.close()
+            message = f"{node}:{port} did not finish its response within {timeout:g}s"
+            raise self._broken_off(request, channel, response, 504, message) from exc
+        except (UpstreamError, ConnectionError, asyncssh.Error) as exc:
+            message = f"{node}:{port} broke off its response: {exc}"
+            raise self._broken_off(request, channel, response, 502, message) from exc
+        self._pool(node, port, channel)
         return response
 
     @staticmethod
-    def _request_head(
-        request: web.Request, node: str, port: int, path_qs: str, length: int
-    ) -> bytes:
-        lines = [f"{request.method} {path_qs or '/'} HTTP/1.1", f"Host: {node}:{port}"]
-        for name, value in request.headers.items():
-            if name.lower() not in _DROP_REQUEST:
-                lines.append(f"{name}: {value}")
+    def _broken_off(
+        request: web.Request,
+        channel: UpstreamChannel,
+        response: web.StreamResponse,
+        status: int,
+        message: str,
+    ) -> ProxyError:
+        """Close the channel; once the head has gone out, close the client's connection
+        too, so the body it got is an error and not a shorter scrape."""
+        channel.close()
+        if not response.prepared:
+            return ProxyError(status, message)
+        if request.transport is not None:
+            request.transport.close()
+        return _BrokenOff(status, message, response)
+
+    def _pool(self, node: str, port: int, channel: UpstreamChannel) -> None:
+        key = (node, port)
+        idle = self._idle.setdefault(key, [])
+        if len(idle) < MAX_IDLE_PER_ENDPOINT and channel.reusable():
+            idle.append(channel)
+            channel.park(lambda: self._unpool(key, channel))
+        else:
+            channel.close()
+
+    def _unpool(self, key: tuple[str, int], channel: UpstreamChannel) -> None:
+        """The upstream spoke or closed while the channel sat idle: it is done."""
+        with suppress(ValueError):
+            self._idle[key].remove(channel)
+        channel.close()
+
+    @staticmethod
+    def _request_headers(
+        request: web.Request, node: str, port: int, length: int
+    ) -> list[tuple[bytes, bytes]]:
+        drop = _DROP_REQUEST | _connection_listed(request.headers.items())
+        headers = [(b"Host", f"{node}:{port}".encode("ascii", errors="replace"))]
+        headers += [
+            (header_bytes(name), header_bytes(value))
+            for name, value in request.headers.items()
+            if name.lower() not in drop
+        ]
         if length:
-            lines.append(f"Content-Length: {length}")
-        lines.append("Connection: keep-alive")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-class _BadUpstream(Exception):
-    pass
-
-
-@dataclass
-class _ProxyChannel:
-    conn: asyncssh.SSHServerConnection
-    reader: asyncssh.SSHReader[bytes]
-    writer: asyncssh.SSHWriter[bytes]
-
-
-class _Buffered:
-    """HTTP/1.1 response framing over a channel: head, then the body as it is framed."""
-
-    def __init__(self, reader: asyncssh.SSHReader[bytes]) -> None:
-        self._reader = reader
-        self._buf = b""
-
-    async def _fill(self) -> None:
-        chunk = await self._reader.read(CHUNK)
-        if not chunk:
-            raise _BadUpstream("connection closed in the middle of a response")
-        self._buf += chunk
-
-    async def _line(self) -> bytes:
-        while b"\r\n" not in self._buf:
-            if len(self._buf) > MAX_HEADER_BYTES:
-                raise _BadUpstream("line longer than 64 KiB")
-            await self._fill()
-        line, _, self._buf = self._buf.partition(b"\r\n")
-        return line
-
-    async def head(self) -> tuple[int, str, list[tuple[str, str]]]:
-        while b"\r\n\r\n" not in self._buf:
-            if len(self._buf) > MAX_HEADER_BYTES:
-                raise _BadUpstream("headers larger than 64 KiB")
-            await self._fill()
-        head, _, self._buf = self._buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise _BadUpstream(f"status line {lines[0][:80]!r}")
-        headers = []
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise _BadUpstream(f"header line {line[:80]!r}")
-            headers.append((name.strip(), value.strip()))
-        return int(parts[1]), parts[2] if len(parts) > 2 else "", headers
-
-    async def nothing(self) -> AsyncIterator[bytes]:
-        return
-        yield b""  # pragma: no cover - makes this an async generator
-
-    async def exactly(self, length: int) -> AsyncIterator[bytes]:
-        if length < 0:
-            raise _BadUpstream("negative Content-Length")
-        while length > 0:
-            if not self._buf:
-                await self._fill()
-            piece, self._buf = self._buf[:length], self._buf[length:]
-            length -= len(piece)
-            yield piece
-
-    async def chunked(self) -> AsyncIterator[bytes]:
-        while True:
-            size_line = await self._line()
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError as exc:
-                raise _BadUpstream(f"chunk size {size_line[:20]!r}") from exc
-            if size == 0:
-                while await self._line():  # trailers, up to the empty line
-                    pass
-                return
-            async for piece in self.exactly(size):
-                yield piece
-            if await self._line() != b"":
-                raise _BadUpstream("chunk not followed by CRLF")
-
-    async def until_eof(self) -> AsyncIterator[bytes]:
-        if self._buf:
-            piece, self._buf = self._buf, b""
-            yield piece
-        while chunk := await self._reader.read(CHUNK):
-            yield chunk
-
-    def clean(self) -> bool:
-        """Nothing left over: the channel can carry the next request."""
-        return not self._buf
+            headers.append((b"Content-Length", str(length).encode()))
+        return headers
