@@ -163,6 +163,8 @@ class Gateway:
             sessions=self.ingest,
             limits=self.limits,
             login_timeout=cfg.ssh.login_timeout_seconds,
+            frame_timeout=cfg.ssh.frame_timeout_seconds,
+            max_channels_per_connection=cfg.ssh.max_channels_per_connection,
             endpoints=self.endpoints,
         )
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")

@@ -28,6 +28,11 @@ class SshConfig:
     user_ca: Path = Path("/etc/edge-gpu-relay/gateway/user_ca.pub")  # trusted CA key(s)
     revocation_file: Path | None = None  # reloaded on change, no restart needed
     login_timeout_seconds: float = 30.0
+    # A frame must arrive whole within this many seconds of its first byte (a 4 MiB frame
+    # at 1 Mbit/s takes 34 s; an agent's frames are a few kB): a node cannot park a
+    # partial frame, and the memory it holds, on the gateway.
+    frame_timeout_seconds: float = 60.0
+    max_channels_per_connection: int = 1  # the agent opens one telemetry channel
     max_frame_bytes: int = 4 * 1024 * 1024
     max_series_per_node: int = 50_000
 

@@ -165,6 +165,8 @@ WIRE_CODES = (
     "bad_label",
     "unknown_series",
     "order",
+    "incomplete",  # from the gateway's channel: a frame past its deadline
+    "too_many_channels",
 )
 AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
 HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)

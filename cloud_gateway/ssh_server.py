@@ -203,8 +203,12 @@ class SshServer:
         sessions: SessionFactory,
         limits: Limits,
         login_timeout: float = 30.0,
+        frame_timeout: float = 60.0,
+        max_channels_per_connection: int = 1,
         endpoints: EndpointTable | None = None,
     ) -> None:
+        self.frame_timeout = frame_timeout
+        self.max_channels_per_connection = max_channels_per_connection
         self.endpoints = endpoints
         self._host_keys = host_keys
         self.policy = policy
@@ -241,6 +245,19 @@ class SshServer:
         remote = f"{peer[0]}:{peer[1]}" if peer else "?"
         if process.subsystem != SUBSYSTEM:
             process.stderr.write(b"only the gpurelay subsystem is offered here\n")
+            process.exit(1)
+            return
+        conn = process.get_extra_info("connection")
+        open_here = sum(1 for c in self._channels if c.conn is conn)
+        if open_here >= self.max_channels_per_connection:
+            self.protocol_errors["too_many_channels"] += 1
+            node_log(node).warning(
+                "refused a telemetry channel from %s: %d already open on this connection "
+                "(ssh.max_channels_per_connection)",
+                remote,
+                open_here,
+            )
+            process.stderr.write(b"too many telemetry channels on this connection\n")
             process.exit(1)
             return
         channel = _TelemetryChannel(self, process, node, remote)
@@ -301,10 +318,12 @@ class _TelemetryChannel:
         self.log = node_log(node)
         self._encoder = FrameEncoder(limits=server._limits)
         self._conn: asyncssh.SSHServerConnection = process.get_extra_info("connection")
+        self.conn = self._conn
         owner = self._conn.get_owner()
         self.auth = owner if isinstance(owner, _ConnectionAuth) else None
         self._closing = ""
         self._session: Session | None = None  # until closed() was called on it
+        self._partial_since: float | None = None  # when the frame now partial began
 
     def _send(self, frame: Frame) -> None:
         with suppress(OSError, asyncssh.Error):  # going away; reading will notice
@@ -331,6 +350,21 @@ class _TelemetryChannel:
         await self._process.channel.wait_closed()
         self._end("agent disconnected")
 
+    async def _read(self, decoder: FrameDecoder) -> bytes:
+        """The next chunk; while a frame is partial, only until that frame's deadline."""
+        if self._partial_since is None:
+            return await self._process.stdin.read(READ_CHUNK)
+        timeout = self._server.frame_timeout
+        left = self._partial_since + timeout - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(self._process.stdin.read(READ_CHUNK), max(left, 0))
+        except TimeoutError:
+            raise WireError(
+                "incomplete",
+                f"a frame stayed incomplete for {timeout:g}s ({decoder.pending} bytes held; "
+                "ssh.frame_timeout_seconds)",
+            ) from None
+
     async def run(self) -> None:
         session = self._server._sessions.open_session(
             self.node, self.remote, self.close, self._send
@@ -341,11 +375,16 @@ class _TelemetryChannel:
         watch = asyncio.get_running_loop().create_task(self._watch())
         try:
             while self._session is not None:
-                data = await self._process.stdin.read(READ_CHUNK)
+                data = await self._read(decoder)
                 if not data or self._session is None:
                     break
                 session.received(len(data))
-                for frame in decoder.feed(data):
+                frames = decoder.feed(data)
+                if frames or not decoder.pending:  # a new partial frame gets a new deadline
+                    self._partial_since = None
+                if decoder.pending and self._partial_since is None:
+                    self._partial_since = asyncio.get_running_loop().time()
+                for frame in frames:
                     for reply in session.handle(frame):
                         self._send(reply)
                 await session.flow()  # held: stop reading, SSH flow control holds the agent

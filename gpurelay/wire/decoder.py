@@ -42,6 +42,11 @@ class FrameDecoder:
         self._inflater: zlib._Decompress | None = None
         self._failed: WireError | None = None
 
+    @property
+    def pending(self) -> int:
+        """Bytes held of a frame not complete yet (0 between frames)."""
+        return len(self._buf)
+
     def feed(self, data: bytes) -> list[Frame]:
         """Buffer ``data``; return the frames it completes, in order."""
         if self._failed is not None:

@@ -108,7 +108,9 @@ Frame = Hello | Declare | Batch | Replay | Ack | ErrorFrame | Goodbye
 class WireError(Exception):
     """A frame that breaks the contract. ``code`` is stable and used as a metric label:
     ``version``, ``frame_type``, ``oversize``, ``malformed``, ``too_many_series``,
-    ``too_many_labels``, ``bad_name``, ``bad_label``, ``unknown_series``, ``order``."""
+    ``too_many_labels``, ``bad_name``, ``bad_label``, ``unknown_series``, ``order``; and,
+    from the gateway's channel rather than the codec, ``incomplete`` (a frame that stayed
+    partial past its deadline) and ``too_many_channels``."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

@@ -9,11 +9,17 @@ import logging
 import shutil
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import asyncssh
 import pytest
 
+from cloud_gateway.app import Gateway
+from gpurelay.wire import SUBSYSTEM, ErrorFrame, FrameDecoder, FrameEncoder, Hello
 from harness.fleet import (
+    Pki,
     agent_config,
     auth_failures,
     gateway_config,
@@ -106,3 +112,58 @@ async def test_a_gateway_without_a_host_certificate_is_a_host_key_failure(
                 )
                 assert tunnel.stats.failures.get("connect", 0) == 0
     assert "host certificate" in caplog.text and "issue-gateway" in caplog.text
+
+
+@asynccontextmanager
+async def raw_node(pki: Pki, gw: Gateway, name: str) -> AsyncIterator[asyncssh.SSHClientConnection]:
+    """A hand-driven SSH client with a valid node certificate: what a stolen key can do."""
+    creds = pki.node(name)
+    key = asyncssh.read_private_key(str(creds.private_key))
+    cert = asyncssh.read_certificate(str(creds.certificate))
+    async with asyncssh.connect(
+        "127.0.0.1",
+        gw.ssh_port,
+        username=name,
+        client_keys=[(key, cert)],
+        known_hosts=str(pki.ca.known_hosts),
+        agent_path=None,
+        config=None,
+    ) as conn:
+        yield conn
+
+
+def hello_frame() -> bytes:
+    return FrameEncoder().encode(Hello(agent_version="0", node="evil"))
+
+
+async def test_a_partial_frame_is_dropped_at_its_deadline(tmp_path: Path) -> None:
+    """40 channels each parking a 4 MiB partial frame held +127 MiB with no timeout."""
+    pki = make_pki(tmp_path)
+    cfg = gateway_config(pki)
+    cfg = dataclasses.replace(cfg, ssh=dataclasses.replace(cfg.ssh, frame_timeout_seconds=1.0))
+    async with running_gateway(cfg) as gw:
+        async with raw_node(pki, gw, "evil") as conn:
+            writer, reader, _ = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+            writer.write(hello_frame())
+            writer.write(b"\x00\x40\x00\x00" + b"\x01\x03" + b"\x00" * 60_000)  # 4 MiB promised
+            data = await asyncio.wait_for(reader.read(65536), 10)
+        (frame,) = FrameDecoder().feed(data)
+        assert isinstance(frame, ErrorFrame) and frame.code == "incomplete", frame
+        assert "ssh.frame_timeout_seconds" in frame.message
+        assert gw.ssh is not None and gw.ssh.protocol_errors["incomplete"] == 1
+
+
+async def test_one_connection_gets_one_telemetry_channel(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    async with running_gateway(gateway_config(pki)) as gw:
+        async with raw_node(pki, gw, "evil") as conn:
+            first, _, _ = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+            first.write(hello_frame())
+            await wait_for(lambda: gw.ssh is not None and gw.ssh.channels == 1, what="a channel")
+            extra = []
+            for _ in range(5):
+                _, _, stderr = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+                extra.append(await asyncio.wait_for(stderr.read(), 5))
+            assert gw.ssh is not None and gw.ssh.channels == 1
+            assert gw.ssh.protocol_errors["too_many_channels"] == 5
+            assert all(b"too many telemetry channels" in e for e in extra), extra
