@@ -19,6 +19,7 @@ suddenly grew one family per histogram would only confuse dashboards.
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Final
 
 import prometheus_client
@@ -33,6 +34,7 @@ APPLY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.0
 # A scrape through a tunnel crosses an edge uplink: tens of ms to the scrape timeout.
 PROXY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _EOF: Final = b"# EOF\n"
+_STANDARD_STATUSES: Final = frozenset(int(s) for s in HTTPStatus)
 
 
 class SelfMetrics:
@@ -59,7 +61,10 @@ class SelfMetrics:
         self.apply_seconds.labels(frame).observe(seconds)
 
     def observe_proxy(self, code: int, seconds: float) -> None:
-        self.proxy_seconds.labels(str(code)).observe(seconds)
+        """``code`` is what a node's endpoint answered: a status outside the standard set
+        counts as ``other``, so no endpoint can add series (issue 12)."""
+        label = str(code) if code in _STANDARD_STATUSES else "other"
+        self.proxy_seconds.labels(label).observe(seconds)
 
     def render(self, *, openmetrics: bool) -> bytes:
         """The histograms in the text format or in OpenMetrics (without its ``# EOF``:

@@ -36,6 +36,10 @@ class Limits:
 
 DEFAULT_LIMITS: Final = Limits()
 
+# HELLO's own bounds: facts about a box are short (a version, a hostname, a GPU's name).
+HELLO_TEXT_BYTES: Final = 256  # each text field, in UTF-8
+HELLO_GPUS: Final = 256  # physical GPUs listed (MIG instances are not listed)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello:

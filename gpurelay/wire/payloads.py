@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 
 from gpurelay.model import GpuInventory
 from gpurelay.wire.frames import (
+    HELLO_GPUS,
+    HELLO_TEXT_BYTES,
     MAX_SEQ,
     Ack,
     Declare,
@@ -79,6 +81,14 @@ class JsonObject:
         utf8_size(value, "malformed", f"{self._where}: field {key!r}")
         return value
 
+    def short_text(self, key: str, default: str | None = None) -> str:
+        """:meth:`text`, at most :data:`HELLO_TEXT_BYTES` long (facts about a box)."""
+        value = self.text(key, default)
+        size = utf8_size(value, "malformed", f"{self._where}: field {key!r}")
+        if size > HELLO_TEXT_BYTES:
+            raise self._bad(key, f"at most {HELLO_TEXT_BYTES} bytes long, not {size}")
+        return value
+
     def count(self, key: str) -> int:
         value = self._get(key, True)
         if type(value) is not int or value < 0:
@@ -134,9 +144,9 @@ def parse_gpu(value: object, i: int) -> GpuInventory:
     o = JsonObject(value, f"HELLO gpus[{i}]")
     gpu = GpuInventory(
         index=o.count("index"),
-        uuid=o.text("uuid"),
-        name=o.text("name"),
-        pci_bus_id=o.text("pci_bus_id"),
+        uuid=o.short_text("uuid"),
+        name=o.short_text("name"),
+        pci_bus_id=o.short_text("pci_bus_id"),
         minor=o.count("minor"),
         memory_total_bytes=o.count("memory_total_bytes"),
         memory_used_bytes=o.count("memory_used_bytes"),
@@ -149,15 +159,18 @@ def parse_gpu(value: object, i: int) -> GpuInventory:
 
 def parse_hello(body: bytes) -> Hello:
     o = JsonObject(load_json(body, "HELLO"), "HELLO")
+    gpus = o.array("gpus", required=False)
+    if len(gpus) > HELLO_GPUS:
+        raise WireError("malformed", f"HELLO lists {len(gpus)} GPUs, more than {HELLO_GPUS}")
     hello = Hello(
-        agent_version=o.text("agent_version"),
-        node=o.text("node"),
-        domain=o.text("domain", ""),
-        backend=o.text("backend", ""),
-        driver_version=o.text("driver_version", ""),
-        hostname=o.text("hostname", ""),
+        agent_version=o.short_text("agent_version"),
+        node=o.short_text("node"),
+        domain=o.short_text("domain", ""),
+        backend=o.short_text("backend", ""),
+        driver_version=o.short_text("driver_version", ""),
+        hostname=o.short_text("hostname", ""),
         interval_seconds=o.number("interval_seconds", 10.0),
-        gpus=tuple(parse_gpu(g, i) for i, g in enumerate(o.array("gpus", required=False))),
+        gpus=tuple(parse_gpu(g, i) for i, g in enumerate(gpus)),
     )
     o.done()
     if hello.interval_seconds <= 0:

@@ -16,9 +16,10 @@ from cloud_gateway.ingest import Ingest
 from cloud_gateway.registry import Registry, RegistryConfig
 from gpurelay import logs
 from gpurelay import record as record_codec
-from gpurelay.model import Labels, MetricType
+from gpurelay.model import GpuInventory, Labels, MetricType
 from gpurelay.record import MAGIC, RecordDecoder
-from gpurelay.wire import Batch, Declare, Hello, Limits, Replay, SeriesDecl, WireError
+from gpurelay.wire import Batch, Declare, FrameDecoder, Hello, Limits, Replay, SeriesDecl, WireError
+from gpurelay.wire.payloads import dump_json, hello_json
 from gpurelay.wire.session import ConnectionState
 
 T0 = 1_790_000_000.0
@@ -223,3 +224,42 @@ def test_churned_series_ids_are_not_remembered_one_by_one() -> None:
     assert grown < 256 * 1024, grown
     with pytest.raises(WireError, match="ids may not be reused"):
         state.check_declare((decl(5, "m"),))  # a retired id stays retired
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        Hello(agent_version="v" * 5000, node="evil"),
+        Hello(agent_version="0", node="evil", domain="d" * 300),
+        Hello(
+            agent_version="0",
+            node="evil",
+            gpus=tuple(
+                GpuInventory(
+                    index=i,
+                    uuid=f"GPU-{i}",
+                    name="x",
+                    pci_bus_id="p",
+                    minor=i,
+                    memory_total_bytes=1,
+                    memory_used_bytes=0,
+                )
+                for i in range(300)
+            ),
+        ),
+    ],
+)
+def test_hello_fields_are_bounded(hello: Hello) -> None:
+    """HELLO's facts are short; a node cannot make the gateway keep megabytes of them."""
+    with pytest.raises(WireError) as err:
+        FrameDecoder().feed(_unchecked_hello(hello))
+    assert err.value.code == "malformed"
+    assert "at most 256 bytes" in str(err.value) or "more than 256" in str(err.value)
+
+
+def _unchecked_hello(hello: Hello) -> bytes:
+    """A HELLO frame as a hostile node writes it (our encoder would refuse it)."""
+    body = dump_json(hello_json(hello))
+    deflater = zlib.compressobj(6, zlib.DEFLATED, -15, 8)
+    payload = (deflater.compress(body) + deflater.flush(zlib.Z_SYNC_FLUSH))[:-4]
+    return struct.pack(">IBB", len(payload) + 2, 1, 1) + payload

@@ -68,3 +68,18 @@ def test_histograms_follow_the_fleet_in_both_formats(promtool: Path) -> None:
     kinds = {f.name: f.type for f in parse_openmetrics(om)}
     assert kinds["gpurelay_gateway_frame_apply_seconds"] == "histogram"
     assert unexpected_findings(promtool, text.encode()) == []
+
+
+def test_a_node_cannot_add_histogram_series_with_odd_statuses() -> None:
+    metrics = SelfMetrics()
+    for code in range(600, 900):  # what a hostile endpoint may answer
+        metrics.observe_proxy(code, 0.01)
+    get = metrics.registry.get_sample_value
+    assert get("gpurelay_gateway_proxy_request_seconds_count", {"code": "other"}) == 300
+    codes = {
+        s.labels["code"]
+        for fam in metrics.registry.collect()
+        for s in fam.samples
+        if "code" in s.labels
+    }
+    assert codes == {"other"}
