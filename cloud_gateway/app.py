@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncssh
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from cloud_gateway.auth_policy import load_trusted_cas
 from cloud_gateway.config import GatewayConfig, check_remote_write
+from cloud_gateway.conflicts import ConflictPolicy, Policy
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
@@ -96,6 +98,7 @@ class Gateway:
             limits=self.limits,
             remote_write=self.remote_write,
             self_metrics=self.self_metrics,
+            conflicts=ConflictPolicy(cast(Policy, cfg.ssh.duplicate_connection)),
             max_queued_batches=cfg.remote_write.max_queued_batches_per_node,
             retry_backoff=(
                 cfg.remote_write.min_backoff_seconds,

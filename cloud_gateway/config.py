@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud_gateway.conflicts import POLICIES
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.remote_write import RemoteWriteConfig
 from gpurelay.settings import SettingsError, load_settings, split_host_port
@@ -33,6 +34,9 @@ class SshConfig:
     # partial frame, and the memory it holds, on the gateway.
     frame_timeout_seconds: float = 60.0
     max_channels_per_connection: int = 1  # the agent opens one telemetry channel
+    # A node connecting while it is connected: "newest" wins, "oldest" wins, or (when two
+    # clients fight over one certificate) "refuse_both"; see cloud_gateway/conflicts.py.
+    duplicate_connection: str = "newest"
     max_frame_bytes: int = 4 * 1024 * 1024
     max_series_per_node: int = 50_000
 
@@ -123,8 +127,21 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         raise GatewayConfigError(str(exc)) from exc
     if cfg.registry.stale_after_intervals <= 0 or cfg.registry.offline_grace_seconds < 0:
         raise GatewayConfigError("registry.stale_after_intervals must be > 0, grace >= 0")
+    check_ssh(cfg.ssh)
     check_remote_write(cfg.remote_write)
     return cfg
+
+
+def check_ssh(ssh: SshConfig) -> None:
+    if not ssh.frame_timeout_seconds > 0:
+        raise GatewayConfigError("ssh.frame_timeout_seconds must be > 0")
+    if ssh.max_channels_per_connection < 1:
+        raise GatewayConfigError("ssh.max_channels_per_connection must be >= 1")
+    if ssh.duplicate_connection not in POLICIES:
+        raise GatewayConfigError(
+            f"ssh.duplicate_connection must be one of {', '.join(POLICIES)}, "
+            f"not {ssh.duplicate_connection!r}"
+        )
 
 
 def check_remote_write(section: RemoteWriteConfig) -> RemoteWriteConfig | None:

@@ -61,6 +61,11 @@ REPLACED = _family(
     "counter",
     "Connections closed because the same node connected again.",
 )
+CONFLICTS = _family(
+    "gpurelay_gateway_connection_conflicts_total",
+    "counter",
+    "Two connections fighting over one node certificate (a copied or stolen certificate).",
+)
 CHANNELS = _family("gpurelay_gateway_channels", "gauge", "Open telemetry channels.")
 BODIES = _family(
     "gpurelay_gateway_metrics_bodies_built_total",
@@ -167,6 +172,7 @@ WIRE_CODES = (
     "order",
     "incomplete",  # from the gateway's channel: a frame past its deadline
     "too_many_channels",
+    "conflict",  # refused by ssh.duplicate_connection
 )
 AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
 HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)
@@ -228,6 +234,7 @@ def gateway_families(
         _one(BYTES, ingest.bytes),
         _fixed(REJECTED, "reason", ingest.rejected_series, REFUSAL_CODES),
         _one(REPLACED, ingest.replaced_connections),
+        _one(CONFLICTS, ingest.connection_conflicts),
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
         _fixed(HTTP, "endpoint", http_requests, ENDPOINTS),

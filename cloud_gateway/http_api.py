@@ -255,6 +255,7 @@ def node_document(
         "bytes_received": view.bytes_received,
         "duplicate_batches": view.duplicates,
         "replayed_batches": view.replays_received,
+        "connection_conflicts": view.connection_conflicts,
     }
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from cloud_gateway.conflicts import ConflictPolicy
 from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
 from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collection
 from cloud_gateway.registry import Registry, StaleConnection, stamp_node
@@ -43,6 +44,7 @@ class IngestStats:
     rejected_series: Counter[str] = field(default_factory=Counter)
     unknown_values: int = 0
     name_mismatches: int = 0
+    connection_conflicts: int = 0  # fights over one certificate (cloud_gateway.conflicts)
     batch_seconds: float = 0.0  # CPU-ish time spent applying batches (perf_counter)
     replay_seconds: float = 0.0  # same for replays (decode, and samples for remote write)
 
@@ -59,6 +61,7 @@ class Ingest:
         limits: Limits | None = None,
         remote_write: RemoteWriter | None = None,
         max_queued_batches: int = 256,
+        conflicts: ConflictPolicy | None = None,
         max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
         retry_backoff: tuple[float, float] = RETRY_BACKOFF,
         self_metrics: SelfMetrics | None = None,
@@ -81,6 +84,7 @@ class Ingest:
         self._apply_batch = self.self_metrics.apply_seconds.labels("batch")
         self._apply_replay = self.self_metrics.apply_seconds.labels("replay")
         self._closers: dict[int, Callable[[str], None]] = {}
+        self.conflicts = conflicts or ConflictPolicy()
 
     def open_session(
         self,
@@ -165,6 +169,7 @@ class NodeSession:
             )
             self.log.warning(message)
             ingest.registry.record_error(self.node, message, now)
+        self._arrive(now)
         connected = ingest.registry.connect(self.node, remote=self.remote, hello=hello, now=now)
         self.conn_id = connected.conn_id
         ingest._closers[connected.conn_id] = self._close
@@ -183,6 +188,28 @@ class NodeSession:
             hello.domain or self.node,
         )
         ingest.on_change()
+
+    def _arrive(self, now: float) -> None:
+        """Apply ssh.duplicate_connection when the node is connected already (or held):
+        refuse this connection (WireError ``conflict``), close the other, or both."""
+        ingest, registry = self._ingest, self._ingest.registry
+        live = registry.live_connection(self.node)
+        current = live[1] if live is not None else None
+        verdict = ingest.conflicts.arrive(self.node, current=current, new=self.remote, now=now)
+        if verdict.fight:
+            ingest.stats.connection_conflicts += 1
+            message = (
+                f"two connections use this node's certificate: {current} and {self.remote} "
+                f"(ssh.duplicate_connection = {ingest.conflicts.policy}); a copied or "
+                "stolen certificate? revoke it and issue a new one"
+            )
+            registry.record_conflict(self.node, message, now)
+            if verdict.announce:
+                self.log.error("%s", message)
+        if verdict.close_old and not verdict.admit and live is not None:
+            ingest.close_connection(live[0], verdict.reason)
+        if not verdict.admit:
+            raise WireError("conflict", verdict.reason)
 
     def _current(self) -> int:
         if self.conn_id is None:

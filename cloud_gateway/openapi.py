@@ -36,6 +36,7 @@ _NODE = {
         "bytes_received": {"type": "integer"},
         "duplicate_batches": {"type": "integer"},
         "replayed_batches": {"type": "integer"},
+        "connection_conflicts": {"type": "integer"},
     },
 }
 _TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}

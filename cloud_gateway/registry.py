@@ -122,6 +122,17 @@ class Registry:
     def record_error(self, node: str, message: str, now: float) -> None:
         self._node(node).errors.append(NodeError(now, message))
 
+    def record_conflict(self, node: str, message: str, now: float) -> None:
+        """Two connections fought over the node's certificate (see cloud_gateway.conflicts)."""
+        n = self._node(node)
+        n.conflicts += 1
+        n.errors.append(NodeError(now, message))
+
+    def live_connection(self, node: str) -> tuple[int, str] | None:
+        """The node's live connection (id, peer address); ``None`` when it has none."""
+        n = self._nodes.get(node)
+        return (n.conn_id, n.remote) if n is not None and n.connected else None
+
     # --- series and values ---------------------------------------------------------
 
     def declare(self, node: str, conn_id: int, decl: Declare) -> Declared:
@@ -483,5 +494,6 @@ class Registry:
             bytes_received=n.bytes,
             duplicates=n.duplicates,
             recent_errors=tuple(n.errors),
+            connection_conflicts=n.conflicts,
             last_disconnect_reason=n.disconnect_reason,
         )

@@ -78,6 +78,7 @@ class NodeRecord:
         self.last_batch_time: float | None = None
         self.last_seen: float | None = None
         self.batches = self.replays = self.bytes = self.duplicates = 0
+        self.conflicts = 0
         self.errors: deque[NodeError] = deque(maxlen=max_errors)
         self.ids: dict[int, SeriesRecord] = {}  # ids of the current connection
         self.rejected: set[int] = set()  # ids of the current connection that were refused

@@ -109,3 +109,4 @@ class NodeView:
     duplicates: int
     recent_errors: tuple[NodeError, ...]
     last_disconnect_reason: str
+    connection_conflicts: int = 0  # two connections fought over the node's certificate

@@ -114,7 +114,8 @@ class WireError(Exception):
     ``version``, ``frame_type``, ``oversize``, ``malformed``, ``too_many_series``,
     ``too_many_labels``, ``bad_name``, ``bad_label``, ``unknown_series``, ``order``; and,
     from the gateway's channel rather than the codec, ``incomplete`` (a frame that stayed
-    partial past its deadline) and ``too_many_channels``."""
+    partial past its deadline), ``too_many_channels`` and ``conflict`` (refused by the
+    gateway's duplicate-connection policy)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

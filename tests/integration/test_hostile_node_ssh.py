@@ -16,6 +16,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from cloud_gateway import certs
 from cloud_gateway.app import Gateway
 from gpurelay.wire import SUBSYSTEM, ErrorFrame, FrameDecoder, FrameEncoder, Hello
 from harness.fleet import (
@@ -115,9 +116,11 @@ async def test_a_gateway_without_a_host_certificate_is_a_host_key_failure(
 
 
 @asynccontextmanager
-async def raw_node(pki: Pki, gw: Gateway, name: str) -> AsyncIterator[asyncssh.SSHClientConnection]:
+async def raw_node(
+    pki: Pki, gw: Gateway, name: str, creds: certs.Credentials | None = None
+) -> AsyncIterator[asyncssh.SSHClientConnection]:
     """A hand-driven SSH client with a valid node certificate: what a stolen key can do."""
-    creds = pki.node(name)
+    creds = creds or pki.node(name)
     key = asyncssh.read_private_key(str(creds.private_key))
     cert = asyncssh.read_certificate(str(creds.certificate))
     async with asyncssh.connect(
@@ -167,3 +170,27 @@ async def test_one_connection_gets_one_telemetry_channel(tmp_path: Path) -> None
             assert gw.ssh is not None and gw.ssh.channels == 1
             assert gw.ssh.protocol_errors["too_many_channels"] == 5
             assert all(b"too many telemetry channels" in e for e in extra), extra
+
+
+async def test_a_stolen_certificate_fighting_the_real_node_is_a_security_event(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second client with the same certificate, reconnecting every ~0.3 s, evicted the
+    real node again and again and only replaced_connections showed it."""
+    pki = make_pki(tmp_path)
+    creds = pki.node("edge-a")
+    with caplog.at_level(logging.ERROR, logger="cloud_gateway"):
+        async with running_gateway(gateway_config(pki)) as gw:
+            async with running_agent(agent_config(pki, "edge-a", gw, creds=creds)):
+                await wait_for(lambda: gw.ingest.stats.batches >= 1, what="the real node")
+                for _ in range(4):
+                    async with raw_node(pki, gw, "edge-a", creds) as conn:
+                        writer, _, _ = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+                        writer.write(hello_frame())
+                        await asyncio.sleep(0.3)
+                await wait_for(lambda: gw.ingest.stats.connection_conflicts >= 1, what="a fight")
+                view = gw.registry.node("edge-a", now=time.time())
+                assert view is not None and view.connection_conflicts >= 1
+    announced = [r.getMessage() for r in caplog.records if "two connections use" in r.getMessage()]
+    assert len(announced) == 1, announced
+    assert "127.0.0.1:" in announced[0]
