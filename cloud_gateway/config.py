@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloud_gateway.conflicts import POLICIES
+from cloud_gateway.endpoints import parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.remote_write import RemoteWriteConfig
 from gpurelay.settings import SettingsError, load_settings, split_host_port
+from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
 
 ENV_PREFIX = "CLOUD_GATEWAY_"
 _RESERVED = frozenset({"CLOUD_GATEWAY_CONFIG", "CLOUD_GATEWAY_URL", "CLOUD_GATEWAY_TOKEN"})
@@ -37,6 +39,10 @@ class SshConfig:
     # A node connecting while it is connected: "newest" wins, "oldest" wins, or (when two
     # clients fight over one certificate) "refuse_both"; see cloud_gateway/conflicts.py.
     duplicate_connection: str = "newest"
+    # Which node may publish which sibling machines of its edge LAN under their own names:
+    # "NODE=PATTERN[,PATTERN...]" (shell-style), e.g. "edge-gw-1=cam-*". None by default.
+    siblings: tuple[str, ...] = ()
+    max_endpoints_per_node: int = 64
     max_frame_bytes: int = 4 * 1024 * 1024
     max_series_per_node: int = 50_000
 
@@ -71,6 +77,19 @@ class HttpConfig:
     max_connections: int = 4096
     header_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 75.0
+    # TLS and basic auth: the Prometheus web-config file node_exporter takes as
+    # --web.config.file (tls_server_config, basic_auth_users), see gpurelay.web_config.
+    # Basic users are let in wherever a token is; what needs one stays protect_*'s call.
+    web_config_file: Path | None = None
+
+    def web_config(self) -> WebConfig | None:
+        """The parsed file (GatewayConfigError naming http.web_config_file), or None."""
+        if self.web_config_file is None:
+            return None
+        try:
+            return load_web_config(self.web_config_file, key="http.web_config_file")
+        except WebConfigError as exc:
+            raise GatewayConfigError(str(exc)) from exc
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
@@ -125,6 +144,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         split_host_port(cfg.http.listen, "http.listen")
     except SettingsError as exc:
         raise GatewayConfigError(str(exc)) from exc
+    cfg.http.web_config()  # a bad file is an error at load, not at the first scrape
     if cfg.registry.stale_after_intervals <= 0 or cfg.registry.offline_grace_seconds < 0:
         raise GatewayConfigError("registry.stale_after_intervals must be > 0, grace >= 0")
     check_ssh(cfg.ssh)
@@ -137,6 +157,12 @@ def check_ssh(ssh: SshConfig) -> None:
         raise GatewayConfigError("ssh.frame_timeout_seconds must be > 0")
     if ssh.max_channels_per_connection < 1:
         raise GatewayConfigError("ssh.max_channels_per_connection must be >= 1")
+    if ssh.max_endpoints_per_node < 1:
+        raise GatewayConfigError("ssh.max_endpoints_per_node must be >= 1")
+    try:
+        parse_sibling_rules(ssh.siblings)
+    except ValueError as exc:
+        raise GatewayConfigError(f"ssh.siblings: {exc}") from exc
     if ssh.duplicate_connection not in POLICIES:
         raise GatewayConfigError(
             f"ssh.duplicate_connection must be one of {', '.join(POLICIES)}, "

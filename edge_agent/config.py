@@ -16,6 +16,7 @@ from pathlib import Path
 
 from edge_agent.errors import ConfigError
 from gpurelay.settings import SettingsError, load_settings, split_host_port
+from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
 
 ENV_PREFIX = "EDGE_AGENT_"
 # Variables with this prefix that are not config keys.
@@ -133,6 +134,18 @@ class AgentConfig:
     # (as NODE:<listen port>) unless publish_agent is false; nothing else is reachable.
     publish_agent: bool = True
     publish: tuple[PublishConfig, ...] = ()
+    # TLS and basic auth on the listener: the Prometheus web-config file node_exporter
+    # takes as --web.config.file (gpurelay.web_config). Off by default (loopback).
+    web_config_file: Path | None = None
+
+    def web_config(self) -> WebConfig | None:
+        """The parsed file (ConfigError naming web_config_file), or None."""
+        if self.web_config_file is None:
+            return None
+        try:
+            return load_web_config(self.web_config_file, key="web_config_file")
+        except WebConfigError as exc:
+            raise ConfigError(str(exc)) from exc
 
     @property
     def listen_host(self) -> str:
@@ -164,6 +177,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
 
 def _validate(cfg: AgentConfig) -> None:
     split_host_port(cfg.listen)
+    cfg.web_config()  # a bad file is an error at load, not at the first scrape
     if cfg.interval_seconds <= 0 or cfg.process_interval_seconds <= 0:
         raise ConfigError("interval_seconds and process_interval_seconds must be > 0")
     if cfg.simulate.gpus < 0 or cfg.simulate.gpus > 64:

@@ -1,0 +1,203 @@
+"""gpurelay.web_config: the Prometheus web-config file (``--web.config.file`` of
+node_exporter and Prometheus) read by both binaries, its TLS context and basic-auth check."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from cloud_gateway.config import load as load_gateway
+from cloud_gateway.errors import GatewayConfigError
+from edge_agent.config import load as load_agent
+from edge_agent.errors import ConfigError
+from gpurelay.web_config import BasicAuth, WebConfigError, load_web_config, parse_basic
+from harness.tls import make_tls
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
+KEY = "http.web_config_file"
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    files = make_tls(tmp_path_factory.mktemp("tls"))
+    return files.ca.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "web-config.yml"
+    path.write_text(text)
+    return path
+
+
+def test_a_node_exporter_web_config_loads_with_paths_relative_to_the_file(
+    tmp_path: Path, tls: Path
+) -> None:
+    path = write(
+        tls,
+        "tls_server_config:\n"
+        "  cert_file: server.crt\n"
+        f"  key_file: {tls / 'server.key'}\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+        "  client_ca_file: ca.crt\n"
+        "  min_version: TLS13\n"
+        "basic_auth_users:\n"
+        f"  prometheus: {HASH}\n"
+        "  htpasswd: $2y$04$" + HASH[7:] + "\n",
+    )
+    cfg = load_web_config(path, key=KEY)
+    assert cfg.tls is not None
+    assert cfg.tls.cert_file == tls / "server.crt"
+    assert cfg.tls.client_ca_file == tls / "ca.crt"
+    assert sorted(cfg.basic_auth_users) == ["htpasswd", "prometheus"]
+    ctx = cfg.ssl_context()
+    assert ctx is not None
+    assert ctx.minimum_version == ssl.TLSVersion.TLSv1_3
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_defaults_follow_the_exporter_toolkit(tls: Path) -> None:
+    path = write(tls, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    cfg = load_web_config(path, key=KEY)
+    ctx = cfg.ssl_context()
+    assert ctx is not None
+    assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert ctx.verify_mode == ssl.CERT_NONE
+    assert cfg.basic_auth_users == {}
+    # A client CA without client_auth_type means: require and verify a client certificate.
+    path = write(
+        tls,
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_ca_file: ca.crt\n",
+    )
+    ctx = load_web_config(path, key=KEY).ssl_context()
+    assert ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_basic_auth_alone_needs_no_tls(tmp_path: Path) -> None:
+    cfg = load_web_config(write(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n"), key=KEY)
+    assert cfg.tls is None and cfg.ssl_context() is None
+    assert list(cfg.basic_auth_users) == ["alice"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "tls_server_config:\n  cert_file: missing.crt\n  key_file: server.key\n",
+            "tls_server_config.cert_file: ",
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n",
+            "tls_server_config.key_file is required",
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  min_version: TLS14\n",
+            "tls_server_config.min_version must be one of TLS10, TLS11, TLS12, TLS13, not 'TLS14'",
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  client_auth_type: RequireAndVerifyClientCert\n",
+            "tls_server_config.client_ca_file is required",
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  client_auth_type: RequireAnyClientCert\n  client_ca_file: ca.crt\n",
+            "tls_server_config.client_auth_type 'RequireAnyClientCert' is not supported",
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+            "tls_server_config.cipher_suites is not supported",
+        ),
+        ("basic_auth_users:\n  alice: plaintext\n", "basic_auth_users.alice is not a bcrypt hash"),
+        ("basic_auth_users: [alice]\n", "basic_auth_users must be a mapping"),
+        ("tls_server_config: {cert_file: server.crt\n", "is not valid YAML"),
+        ("tls_config:\n  cert_file: x\n", "unknown key(s): tls_config"),
+    ],
+)
+def test_errors_name_the_key(tls: Path, text: str, message: str) -> None:
+    path = write(tls, text)
+    with pytest.raises(WebConfigError) as info:
+        load_web_config(path, key=KEY)
+    assert message in str(info.value)
+    assert str(info.value).startswith(f"{KEY} {path}: ")
+
+
+def test_a_key_that_does_not_match_its_certificate_is_an_error(tls: Path) -> None:
+    path = write(tls, "tls_server_config:\n  cert_file: server.crt\n  key_file: client.key\n")
+    with pytest.raises(WebConfigError, match=r"tls_server_config\.cert_file/key_file"):
+        load_web_config(path, key=KEY)
+
+
+def test_a_missing_web_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(WebConfigError, match=rf"{KEY} {tmp_path}/nope.yml: cannot be read"):
+        load_web_config(tmp_path / "nope.yml", key=KEY)
+
+
+def test_gateway_and_agent_configs_check_the_file_at_load(tmp_path: Path) -> None:
+    bad = write(tmp_path, "basic_auth_users:\n  alice: nope\n")
+    with pytest.raises(
+        GatewayConfigError, match=r"http\.web_config_file .*basic_auth_users\.alice"
+    ):
+        load_gateway(None, {"CLOUD_GATEWAY_HTTP_WEB_CONFIG_FILE": str(bad)})
+    with pytest.raises(ConfigError, match=r"^web_config_file .*basic_auth_users\.alice"):
+        load_agent(None, {"EDGE_AGENT_WEB_CONFIG_FILE": str(bad)})
+    good = write(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    assert (
+        load_gateway(None, {"CLOUD_GATEWAY_HTTP_WEB_CONFIG_FILE": str(good)}).http.web_config_file
+        == good
+    )
+    assert load_agent(None, {"EDGE_AGENT_WEB_CONFIG_FILE": str(good)}).web_config_file == good
+
+
+# --- basic auth ---------------------------------------------------------------------------------
+
+
+class CountingCheck:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, password: bytes, hashed: bytes) -> bool:
+        self.calls += 1
+        return bcrypt.checkpw(password, hashed)
+
+
+async def test_basic_auth_verifies_bcrypt_and_caches_the_answer() -> None:
+    check = CountingCheck()
+    now = [100.0]
+    auth = BasicAuth({"alice": HASH.encode()}, checkpw=check, ttl=60, clock=lambda: now[0])
+    assert await auth.verify("alice", "s3cret")
+    assert await auth.verify("alice", "s3cret")
+    assert check.calls == 1  # the second scrape pays no bcrypt
+    assert not await auth.verify("alice", "wrong")
+    assert not await auth.verify("mallory", "s3cret")  # unknown users cost a bcrypt too
+    assert check.calls == 3
+    now[0] += 61
+    assert await auth.verify("alice", "s3cret")
+    assert check.calls == 4  # expired
+    assert not await auth.verify("alice", "x" * 100)  # bcrypt's 72-byte limit: refused
+
+
+async def test_basic_auth_cache_is_bounded() -> None:
+    auth = BasicAuth({"alice": HASH.encode()}, checkpw=CountingCheck(), max_entries=8)
+    for i in range(50):
+        await auth.verify("alice", f"guess-{i}")
+    assert auth.cached() <= 8
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (base64.b64encode(b"alice:pa:ss").decode(), ("alice", "pa:ss")),
+        (base64.b64encode(b"alice").decode(), None),
+        ("!!!", None),
+        (base64.b64encode(b"\xff:x").decode(), None),
+    ],
+)
+def test_parse_basic(value: str, expected: tuple[str, str] | None) -> None:
+    assert parse_basic(value) == expected
