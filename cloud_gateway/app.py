@@ -41,6 +41,7 @@ from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import CertificatePolicy, SshServer
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port
+from gpurelay.web_config import BasicAuth
 from gpurelay.wire import Limits
 
 log = logging.getLogger("cloud_gateway")
@@ -115,10 +116,13 @@ class Gateway:
             clock=clock,
             self_metrics=self.self_metrics,
         )
+        self.web_config = cfg.http.web_config()
         self.connections = ConnectionGuard(
             max_connections=cfg.http.max_connections,
             header_timeout=cfg.http.header_timeout_seconds,
+            tls=self.web_config.ssl_context() if self.web_config else None,
         )
+        users = self.web_config.basic_auth_users if self.web_config else {}
         self.http = HttpState(
             registry=self.registry,
             exposition=self.exposition,
@@ -132,6 +136,7 @@ class Gateway:
             protect_proxy=cfg.http.protect_proxy,
             protect_sd=cfg.http.protect_sd,
             connections=self.connections,
+            basic_auth=BasicAuth(users) if users else None,
         )
         self.ssh: SshServer | None = None
         self.runner: web.AppRunner | None = None
@@ -182,7 +187,12 @@ class Gateway:
         site = GuardedSite(self.runner, http_host, http_port, self.connections)
         await site.start()
         self.http_port = site.port
-        if not self.http.tokens:
+        if self.http.basic_auth and not cfg.http.protect_metrics:
+            log.warning(
+                "basic_auth_users are set, but /metrics and /v1/collect stay open: set "
+                "http.protect_metrics = true to require credentials there too"
+            )
+        if not self.http.tokens and not self.http.basic_auth:
             log.warning(
                 "no API tokens configured: /api/* answers 403 until http.tokens or "
                 "http.token_files is set"
@@ -190,9 +200,10 @@ class Gateway:
         self._refresh()
         self.http.ready = True
         log.info(
-            "listening: SSH %s:%d, HTTP %s:%d (%d trusted user CA key(s))",
+            "listening: SSH %s:%d, %s %s:%d (%d trusted user CA key(s))",
             ssh_host,
             self.ssh_port,
+            "HTTP" if self.connections.tls is None else "HTTPS",
             http_host,
             self.http_port,
             len(trusted),
@@ -221,6 +232,7 @@ class Gateway:
                 bodies_built=self.exposition.bodies_built,
                 http_requests=self.http.requests,
                 http_connections=self.connections.stats,
+                http_auth_failures=self.http.auth_failures,
                 proxy_requests=self.proxy.requests,
                 published=self.endpoints.count(),
                 publish_refused=self.endpoints.refused,

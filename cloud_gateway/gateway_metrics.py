@@ -18,7 +18,7 @@ from cloud_gateway import __version__
 from cloud_gateway.auth_policy import REASONS
 from cloud_gateway.exposition import FamilySamples
 from cloud_gateway.forwarding import ForwardStats
-from cloud_gateway.http_api import ENDPOINTS
+from cloud_gateway.http_api import AUTH_FAILURE_REASONS, ENDPOINTS
 from cloud_gateway.http_listener import CLOSE_REASONS, ConnectionStats
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import NodeState
@@ -89,6 +89,17 @@ HTTP = _family(
     "gpurelay_gateway_http_requests_total",
     "counter",
     "HTTP requests, by route template (other: matched no route; proxy: forward-proxy form).",
+)
+HTTP_AUTH = _family(
+    "gpurelay_gateway_http_auth_failures_total",
+    "counter",
+    "HTTP requests refused for their credentials: missing, bad_token, bad_password (basic "
+    "auth: wrong password or unknown user), malformed.",
+)
+HTTP_TLS = _family(
+    "gpurelay_gateway_http_tls_handshake_failures_total",
+    "counter",
+    "TLS handshakes on the HTTP listener that failed (plain HTTP, untrusted certificates).",
 )
 HTTP_OPEN = _family(
     "gpurelay_gateway_http_connections", "gauge", "Open HTTP connections (http.max_connections)."
@@ -213,6 +224,7 @@ def gateway_families(
     bodies_built: int,
     http_requests: Mapping[str, int],
     http_connections: ConnectionStats | None = None,
+    http_auth_failures: Mapping[str, int] | None = None,
     proxy_requests: Mapping[int, int] | None = None,
     published: int = 0,
     publish_refused: int = 0,
@@ -240,6 +252,8 @@ def gateway_families(
         _fixed(HTTP, "endpoint", http_requests, ENDPOINTS),
         _one(HTTP_OPEN, connections.open),
         _fixed(HTTP_CLOSED, "reason", connections.closed, CLOSE_REASONS, zeros=True),
+        _fixed(HTTP_AUTH, "reason", http_auth_failures or {}, AUTH_FAILURE_REASONS, zeros=True),
+        _one(HTTP_TLS, connections.tls_handshake_failures),
         _fixed(
             PROXY,
             "code",

@@ -3,32 +3,44 @@
 ``/api/*`` needs a bearer token from the config (401 without one, 403 with a wrong one,
 each with a one-line JSON body). With no token configured the API stays closed and says
 how to open it. ``/metrics`` and ``/v1/collect`` are open unless ``http.protect_metrics``.
+
+Basic auth (``basic_auth_users`` of ``http.web_config_file``) is let in wherever a token
+is; a wrong password or unknown user is a 401 with ``WWW-Authenticate: Basic``. The
+forward proxy also takes the token as the Basic password of ``Proxy-Authorization``
+(``proxy_url: http://prometheus:TOKEN@gateway:9410``). Refusals are counted by reason.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import hmac
+import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Exposition, bie_document
-from cloud_gateway.http_listener import ConnectionGuard
+from cloud_gateway.http_listener import ConnectionGuard, _Throttled
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
 from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+from gpurelay.web_config import BASIC_CHALLENGE, BasicAuth, parse_basic
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATES = ("online", "stale", "offline")
 OTHER = "other"  # the endpoint label of every path that matched no route
+# Values of gpurelay_gateway_http_auth_failures_total{reason}.
+AUTH_FAILURE_REASONS: Final = ("missing", "bad_token", "bad_password", "malformed")
+BEARER_CHALLENGE: Final = 'Bearer realm="cloud-gateway"'
+log = logging.getLogger("cloud_gateway.http")
+_log_refused = _Throttled(logging.WARNING)
 
 
 @dataclasses.dataclass
@@ -48,6 +60,8 @@ class HttpState:
     protect_proxy: bool = True
     protect_sd: bool = True
     connections: ConnectionGuard | None = None  # the listener's, when it has one
+    basic_auth: BasicAuth | None = None  # basic_auth_users of http.web_config_file
+    auth_failures: Counter[str] = dataclasses.field(default_factory=Counter)
 
 
 STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
@@ -57,24 +71,32 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def _presented_token(request: web.Request, *, proxy: bool) -> str:
-    """The bearer token, or for a forward proxy also the Basic password in
-    Proxy-Authorization (what Prometheus sends for proxy_url http://user:TOKEN@gateway)."""
+def _refused(
+    request: web.Request, reason: str, status: int, message: str, *challenges: str
+) -> web.Response:
+    """Counts the refusal (``reason`` from AUTH_FAILURE_REASONS) and builds the answer."""
+    request.app[STATE].auth_failures[reason] += 1
+    headers = CIMultiDict(("WWW-Authenticate", c) for c in challenges)
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _credentials(request: web.Request, *, proxy: bool) -> tuple[str, str]:
+    """``(scheme, value)`` of the first Authorization (or, for a forward proxy, first
+    Proxy-Authorization) header with a value; ``("", "")`` when there is none."""
     headers = ("Proxy-Authorization", "Authorization") if proxy else ("Authorization",)
     for header in headers:
         scheme, _, value = request.headers.get(header, "").partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-        if proxy and scheme.lower() == "basic" and value.strip():
-            try:
-                decoded = base64.b64decode(value.strip(), validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
-                continue
-            return decoded.partition(":")[2]
-    return ""
+        if value.strip():
+            return scheme.lower(), value.strip()
+    return "", ""
 
 
-def _authorised(
+def _token_ok(given: str, tokens: frozenset[str]) -> bool:
+    data = given.encode()
+    return any(hmac.compare_digest(data, t.encode()) for t in tokens)
+
+
+async def _authorised(
     request: web.Request,
     tokens: frozenset[str],
     *,
@@ -82,22 +104,57 @@ def _authorised(
     proxy: bool = False,
     setting: str = "http.tokens or http.token_files",
 ) -> web.Response | None:
-    """None when the request may pass, else the 401/403 response to send."""
-    if not tokens:
+    """None when the request may pass, else the 401/403 response to send. A bearer token
+    from ``tokens``, a basic user, or (forward proxy only) a token as Basic password."""
+    basic = request.app[STATE].basic_auth
+    if not tokens and not basic:
         return _error(
-            403, f"{what} is closed: no tokens are configured on the gateway (set {setting})"
+            403,
+            f"{what} is closed: no tokens are configured on the gateway (set {setting}, "
+            "or basic_auth_users in http.web_config_file)",
         )
-    token = _presented_token(request, proxy=proxy)
-    if not token:
-        return _error(
+    scheme, value = _credentials(request, proxy=proxy)
+    if scheme == "bearer":
+        if _token_ok(value, tokens):
+            return None
+        return _refused(request, "bad_token", 403, "the bearer token was not accepted")
+    if scheme == "basic":
+        pair = parse_basic(value)
+        if pair is None:
+            return _refused(
+                request, "malformed", 401, "malformed basic credentials", BASIC_CHALLENGE
+            )
+        user, password = pair
+        if proxy and _token_ok(password, tokens):
+            return None
+        if basic and await basic.verify(user, password):
+            return None
+        _log_refused(
+            "HTTP %s %s refused: wrong password for basic user %r from %r",
+            request.method,
+            route_template(request),
+            user[:64],
+            request.remote,
+        )
+        return _refused(
+            request, "bad_password", 401, "wrong user name or password", BASIC_CHALLENGE
+        )
+    if basic:
+        return _refused(
+            request,
+            "missing",
             401,
-            "missing bearer token: send 'Authorization: Bearer <token>'",
-            **{"WWW-Authenticate": 'Bearer realm="cloud-gateway"'},
+            "missing credentials: send 'Authorization: Bearer <token>' or basic auth",
+            BEARER_CHALLENGE,
+            BASIC_CHALLENGE,
         )
-    given = token.encode()
-    if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
-        return _error(403, "the bearer token was not accepted")
-    return None
+    return _refused(
+        request,
+        "missing",
+        401,
+        "missing bearer token: send 'Authorization: Bearer <token>'",
+        BEARER_CHALLENGE,
+    )
 
 
 @web.middleware
@@ -112,19 +169,19 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if path == "/api/v1/sd":
         if state.protect_sd:
             tokens = state.tokens if state.sd_tokens is None else state.sd_tokens
-            refusal = _authorised(
+            refusal = await _authorised(
                 request, tokens, what="service discovery", setting="http.sd_tokens or http.tokens"
             )
     elif path.startswith("/proxy/"):
         if state.protect_proxy:
             tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
-            refusal = _authorised(
+            refusal = await _authorised(
                 request, tokens, what="the proxy", setting="http.proxy_tokens or http.tokens"
             )
     elif path.startswith("/api/") or (
         state.protect_metrics and path in ("/metrics", "/v1/collect")
     ):
-        refusal = _authorised(request, state.tokens)
+        refusal = await _authorised(request, state.tokens)
     if refusal is not None:
         return refusal
     return await handler(request)
@@ -160,7 +217,7 @@ async def forward_proxy(request: web.Request) -> web.StreamResponse:
     url = URL(request.raw_path)
     if state.protect_proxy:
         tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
-        refusal = _authorised(
+        refusal = await _authorised(
             request,
             tokens,
             what="the proxy",

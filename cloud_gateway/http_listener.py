@@ -18,12 +18,17 @@ per-connection handler:
   connects and sends its request at once is always served. (A reserved share for
   ``/metrics`` would not do: the path is unknown until the headers arrive, and by then
   the connection already holds its slot.)
+
+With TLS (``http.web_config_file``) the guard admits the TCP connection first and only
+then runs the handshake (``loop.start_tls``): a handshake counts against the cap and must
+finish, with the first request's headers, within the header timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -50,6 +55,7 @@ _BUSY: Final = (
 @dataclass
 class ConnectionStats:
     open: int = 0
+    tls_handshake_failures: int = 0
     closed: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(CLOSE_REASONS, 0)))
 
 
@@ -85,21 +91,56 @@ class _Connection(asyncio.Protocol):
         self.in_flight = 0
         self.ended = 0.0  # monotonic time the last request ended
         self.timer: asyncio.TimerHandle | None = None
+        # TLS: what arrives between the handshake's end and the handler's start.
+        self._early: list[bytes] | None = None
+        self._handshake: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
         if not self.guard.admit(self):
-            transport.write(_BUSY)
+            if self.guard.tls is None:
+                transport.write(_BUSY)
             transport.close()
             return
+        if self.guard.tls is None:
+            self._serve(transport)
+            return
+        self._early = []
+        self._handshake = asyncio.ensure_future(self._start_tls(transport, self.guard.tls))
+
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=self.guard.header_timeout,
+            )
+        except Exception as exc:  # SSLError, reset, timeout: the handshake did not finish
+            self.guard.handshake_failed(self, exc)
+            raw.abort()
+            return
+        if tls is None or raw.is_closing():
+            return
+        assert isinstance(tls, asyncio.Transport)
+        self.guard.rebind(self, tls)
+        self._serve(tls)
+
+    def _serve(self, transport: asyncio.Transport) -> None:
         self.handler = self._server()
         self.handler.connection_made(transport)
+        early, self._early = self._early, None
+        for data in early or ():
+            self.handler.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.handler is not None:
             self.handler.data_received(data)
+        elif self._early is not None:
+            self._early.append(data)
 
     def eof_received(self) -> bool | None:
         return self.handler.eof_received() if self.handler is not None else None
@@ -131,11 +172,17 @@ class ConnectionGuard:
     """Admits, times and evicts the HTTP listener's connections (see the module doc)."""
 
     def __init__(
-        self, *, max_connections: int, header_timeout: float, settle: float = SETTLE_SECONDS
+        self,
+        *,
+        max_connections: int,
+        header_timeout: float,
+        settle: float = SETTLE_SECONDS,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.settle = settle
+        self.tls = tls
         self.stats = ConnectionStats()
         # Insertion order is age. Fresh: no request started yet; served: at least one.
         self._fresh: dict[_Connection, None] = {}
@@ -144,6 +191,7 @@ class ConnectionGuard:
         self._log_timeout = _Throttled(logging.INFO)
         self._log_evicted = _Throttled(logging.WARNING)
         self._log_refused = _Throttled(logging.WARNING)
+        self._log_handshake = _Throttled(logging.INFO)
 
     def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         return lambda: _Connection(self, server)
@@ -185,6 +233,25 @@ class ConnectionGuard:
             self._fresh.pop(conn, None)
             self._served.pop(conn, None)
             self.stats.open -= 1
+
+    def rebind(self, conn: _Connection, transport: asyncio.Transport) -> None:
+        """After the TLS handshake: the connection's transport is the TLS one."""
+        if conn.transport is not None and conn.transport in self._by_transport:
+            del self._by_transport[conn.transport]
+            self._by_transport[transport] = conn
+        conn.transport = transport
+
+    def handshake_failed(self, conn: _Connection, exc: BaseException) -> None:
+        if conn.transport is None or conn.transport not in self._by_transport:
+            return  # the guard closed it (header timeout, eviction) and counted that
+        self.stats.tls_handshake_failures += 1
+        self.forget(conn)
+        self._log_handshake(
+            "TLS handshake with %r failed: %s (a plain-HTTP client, or a certificate the "
+            "other side does not accept; see http.web_config_file)",
+            conn.peer,
+            str(exc) or type(exc).__name__,
+        )
 
     @contextmanager
     def request(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
@@ -244,7 +311,8 @@ class GuardedSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self.port}"
+        scheme = "http" if self._guard.tls is None else "https"
+        return f"{scheme}://{self._host}:{self.port}"
 
     async def start(self) -> None:
         await super().start()

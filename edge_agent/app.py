@@ -171,6 +171,7 @@ class Agent:
         self.pipeline: Pipeline | None = None
         self.runner: web.AppRunner | None = None
         self.port = 0
+        self.local_port = 0  # where the tunnel reaches our exporter (plain, loopback)
         self.tunnel: Tunnel | None = None
         self._wake = asyncio.Event()
         self._next_at = 0.0
@@ -198,7 +199,9 @@ class Agent:
         if self.cfg.publish_agent:
             host = self.cfg.listen_host
             local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-            out.append(PublishedEndpoint("edge-agent", node, self.port, local, self.port))
+            if self.local_port != self.port:  # TLS outside: the plain loopback listener
+                local = "127.0.0.1"
+            out.append(PublishedEndpoint("edge-agent", node, self.port, local, self.local_port))
         for p in self.cfg.publish:
             out.append(PublishedEndpoint(p.name, p.node or node, p.port, p.host, p.target))
         return out
@@ -219,12 +222,26 @@ class Agent:
             self.pipeline.collection.extra.append(self.tunnel.metrics)
         snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
         self.published.publish(snapshot)
-        self.runner, self.port = await http_server.start(
-            self.published, self.cfg.listen_host, self.cfg.listen_port
+        web_config = self.cfg.web_config()
+        listening = await http_server.serve(
+            self.published, self.cfg.listen_host, self.cfg.listen_port, web_config=web_config
         )
+        self.runner, self.port, self.local_port = (
+            listening.runner,
+            listening.port,
+            listening.local_port,
+        )
+        tls = web_config is not None and web_config.tls is not None
         log.info(
-            "serving /metrics, /v1/collect, /healthz on %s:%d", self.cfg.listen_host, self.port
+            "serving /metrics, /v1/collect, /healthz on %s://%s:%d%s",
+            "https" if tls else "http",
+            self.cfg.listen_host,
+            self.port,
+            " (basic auth)" if web_config and web_config.basic_auth_users else "",
         )
+        warning = http_server.listener_warning(self.cfg.listen_host, tls=tls)
+        if warning is not None:
+            log.warning("%s", warning)
         if self.tunnel is not None:
             self.tunnel.publish(self.published_endpoints())
             self.tunnel.submit(snapshot)

@@ -2,14 +2,22 @@
 
 Handlers only read the latest published snapshot; they never call NVML, so a slow or
 hung GPU cannot make a scrape hang. Rendered bodies are cached per snapshot.
+
+With ``web_config_file`` (the Prometheus web-config file, :mod:`gpurelay.web_config`) the
+listener speaks TLS and/or asks for basic auth on every path but ``/healthz`` (kubelet
+probes), as node_exporter does. The tunnel then reaches the exporter on a second, plain
+listener on loopback: SSH already encrypts that path, and the gateway's proxy speaks
+plain HTTP to what it reaches.
 """
 
 from __future__ import annotations
 
 import gzip
+import ipaddress
 import json
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -23,6 +31,7 @@ from gpurelay.exposition import (
     wants_openmetrics,
 )
 from gpurelay.model import Snapshot
+from gpurelay.web_config import BASIC_CHALLENGE, BasicAuth, WebConfig, parse_basic
 
 
 @dataclass
@@ -54,6 +63,9 @@ class LatestSnapshot:
 
 
 LATEST: web.AppKey[LatestSnapshot] = web.AppKey("latest", LatestSnapshot)
+BASIC: web.AppKey[BasicAuth] = web.AppKey("basic_auth", BasicAuth)
+OPEN_PATHS = frozenset({"/healthz"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _not_ready() -> web.Response:
@@ -90,22 +102,83 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text=f"ok: node {pub.snapshot.node}, last collection {age:.1f}s ago\n")
 
 
-def make_app(published: LatestSnapshot) -> web.Application:
-    app = web.Application()
+@web.middleware
+async def basic_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every path but OPEN_PATHS needs a user of ``basic_auth_users``: 401 otherwise."""
+    users = request.app.get(BASIC)
+    if users is None or request.path in OPEN_PATHS:
+        return await handler(request)
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    pair = parse_basic(value) if scheme.lower() == "basic" else None
+    if pair is None or not await users.verify(*pair):
+        return web.Response(
+            status=401,
+            text="basic auth required: wrong or missing user name or password\n",
+            headers={"WWW-Authenticate": BASIC_CHALLENGE},
+        )
+    return await handler(request)
+
+
+def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> web.Application:
+    app = web.Application(middlewares=[basic_auth] if users else [])
     app[LATEST] = published
+    if users:
+        app[BASIC] = users
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/collect", bie_collect)
     app.router.add_get("/healthz", healthz)
     return app
 
 
-async def start(published: LatestSnapshot, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving; returns the runner (for cleanup) and the bound port (port 0 works)."""
-    runner = web.AppRunner(make_app(published), access_log=None)
+@dataclass(frozen=True)
+class Listening:
+    runner: web.AppRunner
+    port: int  # the configured listener's bound port (TLS when the web config says so)
+    local_port: int  # plain HTTP on 127.0.0.1 for the tunnel: ``port`` itself without TLS
+
+
+def _bound(site: web.TCPSite, port: int) -> int:
+    sockets = getattr(site._server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else port
+
+
+async def serve(
+    published: LatestSnapshot, host: str, port: int, *, web_config: WebConfig | None = None
+) -> Listening:
+    """Start serving (port 0 works); with TLS also a plain loopback listener for the tunnel."""
+    users = BasicAuth(web_config.basic_auth_users) if web_config else None
+    context: ssl.SSLContext | None = web_config.ssl_context() if web_config else None
+    runner = web.AppRunner(make_app(published, users or None), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
     await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
-    return runner, int(bound)
+    bound = _bound(site, port)
+    if context is None:
+        return Listening(runner, bound, bound)
+    local = web.TCPSite(runner, "127.0.0.1", 0, reuse_address=True)
+    await local.start()
+    return Listening(runner, bound, _bound(local, 0))
+
+
+async def start(published: LatestSnapshot, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving plain HTTP; returns the runner (for cleanup) and the bound port."""
+    listening = await serve(published, host, port)
+    return listening.runner, listening.port
+
+
+def listener_warning(host: str, *, tls: bool) -> str | None:
+    """The startup warning for a listener beyond loopback without TLS, else None."""
+    if tls:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"listen = {host!r} is not loopback and no TLS is configured: /metrics goes over "
+        "the network in clear text to anyone who can reach it. Set web_config_file to a "
+        "Prometheus web-config file with tls_server_config (and basic_auth_users), or "
+        "listen on 127.0.0.1 and let Prometheus scrape through the gateway"
+    )

@@ -27,7 +27,6 @@ from harness.fleet import (
     agent_config,
     gateway_config,
     make_pki,
-    metrics_text,
     running_agent,
     running_gateway,
 )
@@ -52,6 +51,10 @@ def web_config(tls: TlsFiles, *, client_ca: bool = False, min_version: str = "TL
     return text + f"basic_auth_users:\n  {USER}: '{HASH}'\n"
 
 
+def trusting(tls: TlsFiles) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tls.ca))
+
+
 def tls_gateway(tmp_path: Path, text: str, **http: object) -> GatewayConfig:
     path = tmp_path / "web-config.yml"
     path.write_text(text)
@@ -73,7 +76,7 @@ async def test_gateway_serves_https_with_basic_auth_beside_bearer_tokens(tmp_pat
     tls = make_tls(tmp_path / "tls")
     async with running_gateway(tls_gateway(tmp_path, web_config(tls))) as gw:
         url = f"https://127.0.0.1:{gw.http_port}"
-        async with httpx.AsyncClient(base_url=url, verify=str(tls.ca), timeout=5) as client:
+        async with httpx.AsyncClient(base_url=url, verify=trusting(tls), timeout=5) as client:
             ok = await client.get("/metrics", auth=(USER, PASSWORD))
             assert ok.status_code == 200, ok.text
             assert "gpurelay_gateway_info" in ok.text
@@ -103,7 +106,10 @@ async def test_gateway_serves_https_with_basic_auth_beside_bearer_tokens(tmp_pat
             async with httpx.AsyncClient(timeout=5) as untrusting:
                 await untrusting.get(f"{url}/healthz")
         gw._refresh()
-        failures = auth_failures(await metrics_text(gw))
+        async with httpx.AsyncClient(verify=trusting(tls), timeout=5) as client:
+            text = (await client.get(f"{url}/metrics", auth=(USER, PASSWORD))).text
+        failures = auth_failures(text)
+        assert gw.connections.stats.tls_handshake_failures >= 1  # the plain-HTTP client
     assert failures["bad_password"] == 2 and failures["missing"] >= 1, failures
 
 
@@ -111,7 +117,7 @@ async def test_forward_proxy_takes_basic_users_and_the_token_as_password(tmp_pat
     tls = make_tls(tmp_path / "tls")
     async with running_gateway(tls_gateway(tmp_path, web_config(tls))) as gw:
         url = f"https://127.0.0.1:{gw.http_port}"
-        context = ssl.create_default_context(cafile=str(tls.ca))
+        context = trusting(tls)
 
         async def proxied(user: str, password: str) -> int:
             """Status of ``GET http://edge-x:9400/metrics`` sent to the gateway as a proxy."""
@@ -141,9 +147,9 @@ async def test_mtls_refuses_a_client_without_a_certificate(tmp_path: Path) -> No
     async with running_gateway(cfg) as gw:
         url = f"https://127.0.0.1:{gw.http_port}/healthz"
         with pytest.raises(httpx.TransportError):
-            async with httpx.AsyncClient(verify=str(tls.ca), timeout=5) as anonymous:
+            async with httpx.AsyncClient(verify=trusting(tls), timeout=5) as anonymous:
                 await anonymous.get(url)
-        context = ssl.create_default_context(cafile=str(tls.ca))
+        context = trusting(tls)
         context.load_cert_chain(tls.client_cert, tls.client_key)
         async with httpx.AsyncClient(verify=context, timeout=5) as client:
             assert (await client.get(url)).status_code == 200
@@ -160,7 +166,7 @@ async def test_agent_serves_https_with_basic_auth(tmp_path: Path) -> None:
         cfg = dataclasses.replace(agent_config(pki, "edge-tls", gw), web_config_file=path)
         async with running_agent(cfg) as agent:
             url = f"https://127.0.0.1:{agent.port}"
-            async with httpx.AsyncClient(base_url=url, verify=str(tls.ca), timeout=5) as client:
+            async with httpx.AsyncClient(base_url=url, verify=trusting(tls), timeout=5) as client:
                 ok = await client.get("/metrics", auth=(USER, PASSWORD))
                 assert ok.status_code == 200 and "DCGM_FI_DEV_GPU_UTIL" in ok.text
                 wrong = await client.get("/metrics", auth=(USER, "nope"))
@@ -214,6 +220,7 @@ async def test_prometheus_scrapes_the_gateway_over_tls(
             "    static_configs:\n"
             f"      - targets: ['localhost:{gw.http_port}']\n"
         )
+        (tmp_path / "prom").mkdir()
         with running_prometheus(prometheus_bin, config, tmp_path / "prom") as (prom_url, log):
             async with httpx.AsyncClient(base_url=prom_url, timeout=5) as client:
                 deadline = time.monotonic() + UP_DEADLINE
