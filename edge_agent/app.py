@@ -172,6 +172,7 @@ class Agent:
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.local_port = 0  # where the tunnel reaches our exporter (plain, loopback)
+        self.listening: http_server.Listening | None = None
         self.tunnel: Tunnel | None = None
         self._wake = asyncio.Event()
         self._next_at = 0.0
@@ -223,8 +224,12 @@ class Agent:
         snapshot = await asyncio.to_thread(self.pipeline.collection.collect)
         self.published.publish(snapshot)
         web_config = self.cfg.web_config()
-        listening = await http_server.serve(
-            self.published, self.cfg.listen_host, self.cfg.listen_port, web_config=web_config
+        self.listening = listening = await http_server.serve(
+            self.published,
+            self.cfg.listen_host,
+            self.cfg.listen_port,
+            web_config=web_config,
+            tunnel=self.tunnel is not None and self.cfg.publish_agent,
         )
         self.runner, self.port, self.local_port = (
             listening.runner,
@@ -341,8 +346,8 @@ class Agent:
                 await self._tunnel_task
         if self.tunnel is not None:
             self.tunnel.outbox.close()
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.listening is not None:
+            await self.listening.close()
         if self.pipeline is not None:
             self.pipeline.close()
         log.info("stopped")

@@ -6,8 +6,7 @@ hung GPU cannot make a scrape hang. Rendered bodies are cached per snapshot.
 With ``web_config_file`` (the Prometheus web-config file, :mod:`gpurelay.web_config`) the
 listener speaks TLS and/or asks for basic auth on every path but ``/healthz`` (kubelet
 probes), as node_exporter does. The tunnel then reaches the exporter on a second, plain
-listener on loopback: SSH already encrypts that path, and the gateway's proxy speaks
-plain HTTP to what it reaches.
+listener on loopback without basic auth (see :class:`Listening`).
 """
 
 from __future__ import annotations
@@ -134,30 +133,47 @@ def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> web.A
 class Listening:
     runner: web.AppRunner
     port: int  # the configured listener's bound port (TLS when the web config says so)
-    local_port: int  # plain HTTP on 127.0.0.1 for the tunnel: ``port`` itself without TLS
+    # Where the tunnel reaches the exporter: ``port`` itself, or with a web config a plain
+    # listener on 127.0.0.1 without basic auth (its own runner): the gateway has already
+    # checked the scraper's credentials, SSH encrypts the path, and the gateway's proxy
+    # speaks plain HTTP and passes no credentials on.
+    local_port: int
+    tunnel_runner: web.AppRunner | None = None
+
+    async def close(self) -> None:
+        if self.tunnel_runner is not None:
+            await self.tunnel_runner.cleanup()
+        await self.runner.cleanup()
 
 
-def _bound(site: web.TCPSite, port: int) -> int:
+async def _site(runner: web.AppRunner, host: str, port: int, ctx: ssl.SSLContext | None) -> int:
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ctx)
+    await site.start()
     sockets = getattr(site._server, "sockets", None) or []
     return int(sockets[0].getsockname()[1]) if sockets else port
 
 
 async def serve(
-    published: LatestSnapshot, host: str, port: int, *, web_config: WebConfig | None = None
+    published: LatestSnapshot,
+    host: str,
+    port: int,
+    *,
+    web_config: WebConfig | None = None,
+    tunnel: bool = False,
 ) -> Listening:
-    """Start serving (port 0 works); with TLS also a plain loopback listener for the tunnel."""
+    """Start serving (port 0 works); with a web config and ``tunnel``, also the plain
+    loopback listener the tunnel uses (see :class:`Listening`)."""
     users = BasicAuth(web_config.basic_auth_users) if web_config else None
-    context: ssl.SSLContext | None = web_config.ssl_context() if web_config else None
+    context = web_config.ssl_context() if web_config else None
     runner = web.AppRunner(make_app(published, users or None), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
-    await site.start()
-    bound = _bound(site, port)
-    if context is None:
+    bound = await _site(runner, host, port, context)
+    if web_config is None or not tunnel:
         return Listening(runner, bound, bound)
-    local = web.TCPSite(runner, "127.0.0.1", 0, reuse_address=True)
-    await local.start()
-    return Listening(runner, bound, _bound(local, 0))
+    plain = web.AppRunner(make_app(published), access_log=None)
+    await plain.setup()
+    local = await _site(plain, "127.0.0.1", 0, None)
+    return Listening(runner, bound, local, plain)
 
 
 async def start(published: LatestSnapshot, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -174,8 +174,8 @@ async def test_agent_serves_https_with_basic_auth(tmp_path: Path) -> None:
                 assert wrong.headers["WWW-Authenticate"] == 'Basic realm="edge-gpu-relay"'
                 assert (await client.get("/metrics")).status_code == 401
                 assert (await client.get("/healthz")).status_code == 200  # kubelet probes
-            # Through the tunnel the agent's exporter is still reachable: the gateway's
-            # path proxy speaks plain HTTP to it, inside SSH.
+            # Through the tunnel the agent's exporter is still reachable: the gateway checked
+            # the scraper's token and speaks plain HTTP to a loopback listener, inside SSH.
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{gw.http_port}",
                 headers={"Authorization": f"Bearer {TOKEN}"},
@@ -190,7 +190,9 @@ async def test_agent_serves_https_with_basic_auth(tmp_path: Path) -> None:
                     if r.status_code != 404 or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.2)
-                assert r.status_code == 401, r.text  # the agent's basic auth, through SSH
+                assert r.status_code == 200, r.text
+                assert "DCGM_FI_DEV_GPU_UTIL" in r.text
+                assert agent.local_port != agent.port
 
 
 def test_agent_warns_when_it_listens_beyond_loopback_without_tls() -> None:
@@ -243,3 +245,22 @@ async def test_prometheus_scrapes_the_gateway_over_tls(
                     "/api/v1/query", params={"query": "gpurelay_gateway_info"}
                 )
                 assert gateway_info.json()["data"]["result"], gateway_info.text
+
+
+async def test_a_silent_connection_on_the_tls_port_meets_the_header_timeout(
+    tmp_path: Path,
+) -> None:
+    """The guard admits TCP first and runs the handshake inside the header timeout: a
+    client that never sends its ClientHello holds a slot for a second, not for minutes."""
+    tls = make_tls(tmp_path / "tls")
+    cfg = tls_gateway(tmp_path, web_config(tls), header_timeout_seconds=1.0)
+    async with running_gateway(cfg) as gw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
+        try:
+            await asyncio.sleep(0.2)
+            assert gw.connections.stats.open == 1  # counted while it has not shaken hands
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the gateway
+        finally:
+            writer.close()
+        assert gw.connections.stats.closed["header_timeout"] == 1
+        assert gw.connections.stats.open == 0
