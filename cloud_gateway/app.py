@@ -26,7 +26,7 @@ from aiohttp import web
 from cloud_gateway.auth_policy import load_trusted_cas
 from cloud_gateway.config import GatewayConfig, check_remote_write
 from cloud_gateway.conflicts import ConflictPolicy, Policy
-from cloud_gateway.endpoints import EndpointTable
+from cloud_gateway.endpoints import EndpointTable, parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.gateway_metrics import gateway_families
@@ -107,7 +107,9 @@ class Gateway:
             ),
         )
         self.endpoints = EndpointTable(
-            is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None
+            is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None,
+            siblings=parse_sibling_rules(cfg.ssh.siblings),
+            max_endpoints_per_node=cfg.ssh.max_endpoints_per_node,
         )
         self.proxy = Proxy(
             self.registry,

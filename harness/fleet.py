@@ -41,10 +41,15 @@ def make_pki(tmp: Path) -> Pki:
 
 
 def gateway_config(
-    pki: Pki, *, ssh_port: int = 0, http_port: int = 0, **registry: float
+    pki: Pki,
+    *,
+    ssh_port: int = 0,
+    http_port: int = 0,
+    siblings: tuple[str, ...] = (),
+    **registry: float,
 ) -> GatewayConfig:
     """A gateway on loopback (port 0: any free port), trusting the fleet's user CA and
-    accepting the operator token TOKEN."""
+    accepting the operator token TOKEN; ``siblings``: its ``[ssh] siblings`` rules."""
     return GatewayConfig(
         drain_seconds=1.0,
         ssh=SshConfig(
@@ -52,6 +57,7 @@ def gateway_config(
             host_key=pki.gateway_key,
             user_ca=pki.ca.user_ca_pub,
             revocation_file=pki.ca.revocations,
+            siblings=siblings,
         ),
         http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
         registry=RegistrySection(**registry),

@@ -157,7 +157,7 @@ async def test_prometheus_scrapes_the_fleet_both_ways(prometheus_bin: Path, tmp_
 
     async with (
         fake_exporter(SIBLING_BODY) as sibling_port,
-        running_gateway(gateway_config(pki)) as gw,
+        running_gateway(gateway_config(pki, siblings=(f"edge-a={SIBLING}",))) as gw,
     ):
         cfg_a = agent_config(pki, "edge-a", gw, gpus=gpus["edge-a"])
         cfg_a = dataclasses.replace(

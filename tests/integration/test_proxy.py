@@ -30,7 +30,7 @@ async def test_scrape_by_node_name_through_the_tunnel(tmp_path: Path) -> None:
         fake_exporter("node_load1 0.5\n") as sibling_port,
         fake_exporter("x 1\n", delay=5) as slow_port,
     ):
-        async with running_gateway(gateway_config(pki)) as gw:
+        async with running_gateway(gateway_config(pki, siblings=("edge-a=edge-cam-*",))) as gw:
             cfg = agent_config(pki, "edge-a", gw)
             cfg = dataclasses.replace(
                 cfg,
