@@ -34,9 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import bcrypt
-import yaml  # type: ignore[import-untyped]  # no types-PyYAML in the venv
-
 from gpurelay.settings import SettingsError
 
 REALM: Final = "edge-gpu-relay"
@@ -100,6 +97,8 @@ def load_web_config(path: Path, *, key: str) -> WebConfig:
 
     def fail(message: str) -> WebConfigError:
         return WebConfigError(f"{key} {path}: {message}")
+
+    import yaml  # type: ignore[import-untyped]  # only with a web config; no types-PyYAML
 
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -264,13 +263,17 @@ class BasicAuth:
         self,
         users: Mapping[str, bytes],
         *,
-        checkpw: CheckPw = bcrypt.checkpw,
+        checkpw: CheckPw | None = None,  # bcrypt.checkpw
         ttl: float = 60.0,
         max_entries: int = 256,
         concurrency: int = 2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.users = dict(users)
+        if checkpw is None:  # imported only where basic auth is configured
+            import bcrypt
+
+            checkpw = bcrypt.checkpw
         self._checkpw = checkpw
         self._ttl, self._max, self._clock = ttl, max_entries, clock
         self._cache: OrderedDict[bytes, tuple[float, bool]] = OrderedDict()
