@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LINTED := gpurelay edge_agent cloud_gateway harness tests bench deploy
 
-.PHONY: test lint typecheck unit demo bench constraints clean
+.PHONY: test lint typecheck unit demo bench fuzz constraints clean
 
 # The versions come from constraints.txt; a package it does not pin fails the build (a new
 # dependency in pyproject.toml needs `make constraints`).
@@ -43,6 +43,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/wire_size.py
 	$(BIN)/python bench/gateway_render.py
 	$(BIN)/python bench/gateway_ingest.py
+
+# Coverage-guided fuzzing (atheris) of the frame decoder, the record decoder, the proxy's
+# HTTP handling and the ingest path, FUZZ_SECONDS each, one after another; the corpus
+# grows in build/fuzz/. make test runs each for 15 s (tests/test_fuzz_short.py).
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 # Re-resolve pyproject.toml's dependencies and test extra (the newest versions its bounds
 # allow) in a throwaway venv, and pin what that installed. Review the diff, then make test.

@@ -186,7 +186,8 @@ class RecordDecoder:
     def _parse(self, head: bytes) -> tuple[SeriesKey, ...]:
         try:
             meta = json.loads(head.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, and int()'s 4300-digit limit
+        except (ValueError, RecursionError) as exc:
             raise WireError(
                 "malformed", f"REPLAY record series are not valid JSON ({exc})"
             ) from exc
