@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-LINTED := gpurelay edge_agent cloud_gateway harness tests bench deploy
+LINTED := gpurelay edge_agent cloud_gateway harness tests bench deploy fuzz
 
 .PHONY: test lint typecheck unit demo bench fuzz constraints clean
 

@@ -397,6 +397,10 @@ class _TelemetryChannel:
             self.close(reason)
         except (asyncssh.Error, ConnectionError) as exc:
             reason = f"connection lost: {exc}"
+        except Exception:  # a bug here: close this node's connection, keep the gateway
+            self.log.exception("internal error on the connection from %s", self.remote)
+            reason = "internal error"
+            self.close(reason)
         finally:
             watch.cancel()
             self._end(reason)
