@@ -61,6 +61,11 @@ REPLACED = _family(
     "counter",
     "Connections closed because the same node connected again.",
 )
+HELP_CONFLICTS = _family(
+    "gpurelay_gateway_help_conflicts_total",
+    "counter",
+    "Families a node declared with another HELP than the fleet's (the first one is kept).",
+)
 CONFLICTS = _family(
     "gpurelay_gateway_connection_conflicts_total",
     "counter",
@@ -247,6 +252,7 @@ def gateway_families(
         _fixed(REJECTED, "reason", ingest.rejected_series, REFUSAL_CODES),
         _one(REPLACED, ingest.replaced_connections),
         _one(CONFLICTS, ingest.connection_conflicts),
+        _one(HELP_CONFLICTS, ingest.help_conflicts),
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
         _fixed(HTTP, "endpoint", http_requests, ENDPOINTS),

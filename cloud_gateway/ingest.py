@@ -45,6 +45,7 @@ class IngestStats:
     unknown_values: int = 0
     name_mismatches: int = 0
     connection_conflicts: int = 0  # fights over one certificate (cloud_gateway.conflicts)
+    help_conflicts: int = 0  # families declared with another HELP than the fleet's
     batch_seconds: float = 0.0  # CPU-ish time spent applying batches (perf_counter)
     replay_seconds: float = 0.0  # same for replays (decode, and samples for remote write)
 
@@ -228,6 +229,15 @@ class NodeSession:
             first = declared.rejected[0]
             message = f"{len(declared.rejected)} series rejected, e.g. {first.name}: {first.reason}"
             self.log.warning(message)
+            ingest.registry.record_error(self.node, message, ingest.clock())
+        if declared.help_conflicts:
+            ingest.stats.help_conflicts += len(declared.help_conflicts)
+            names = declared.help_conflicts
+            message = (
+                f"HELP of {len(names)} famil{'y' if len(names) == 1 else 'ies'} differs from "
+                f"the fleet's (kept the first declared), e.g. {names[0]}"
+            )
+            self.log.info(message)
             ingest.registry.record_error(self.node, message, ingest.clock())
 
     def _batch(self, batch: Batch) -> Sequence[Frame]:

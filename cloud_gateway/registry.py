@@ -138,12 +138,19 @@ class Registry:
     def declare(self, node: str, conn_id: int, decl: Declare) -> Declared:
         n = self._current(node, conn_id)
         rejected: list[Rejected] = []
+        other_help = {
+            sd.name
+            for sd in decl.series
+            if (fs := self._families.get(sd.name)) is not None and fs.family.help != sd.help
+        }
         for sd in decl.series:
             refusal = self._declare_one(n, sd)
             if refusal is not None:
                 n.rejected.add(sd.id)
                 rejected.append(Rejected(sd.id, sd.name, refusal.message, refusal.code))
-        return Declared(len(decl.series) - len(rejected), tuple(rejected))
+        return Declared(
+            len(decl.series) - len(rejected), tuple(rejected), tuple(sorted(other_help))
+        )
 
     def apply(
         self,
@@ -475,25 +482,4 @@ class Registry:
         return "online"
 
     def _view(self, n: NodeRecord, now: float) -> NodeView:
-        h = n.hello
-        return NodeView(
-            name=n.name,
-            state=self._state(n, now),
-            connected_since=n.connected_since,
-            last_batch_time=n.last_batch_time,
-            last_seen=n.last_seen,
-            remote=n.remote,
-            agent_version=h.agent_version if h else "",
-            domain=h.domain if h else "",
-            backend=h.backend if h else "",
-            interval_seconds=h.interval_seconds if h else 0.0,
-            gpus=h.gpus if h else (),
-            series_count=sum(len(g.members) for g in n.groups.values()),
-            batches_received=n.batches,
-            replays_received=n.replays,
-            bytes_received=n.bytes,
-            duplicates=n.duplicates,
-            recent_errors=tuple(n.errors),
-            connection_conflicts=n.conflicts,
-            last_disconnect_reason=n.disconnect_reason,
-        )
+        return n.view(self._state(n, now))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from cloud_gateway.registry_types import NodeError
+from cloud_gateway.registry_types import NodeError, NodeState, NodeView
 from gpurelay.model import Family, Labels
 from gpurelay.wire import Hello
 
@@ -87,3 +87,27 @@ class NodeRecord:
         self.label_bytes = 0  # of those records
         self.groups: dict[str, Group] = {}  # family name -> group
         self.tracked: set[SeriesRecord] = set()  # of the tracked families
+
+    def view(self, state: NodeState) -> NodeView:
+        h = self.hello
+        return NodeView(
+            name=self.name,
+            state=state,
+            connected_since=self.connected_since,
+            last_batch_time=self.last_batch_time,
+            last_seen=self.last_seen,
+            remote=self.remote,
+            agent_version=h.agent_version if h else "",
+            domain=h.domain if h else "",
+            backend=h.backend if h else "",
+            interval_seconds=h.interval_seconds if h else 0.0,
+            gpus=h.gpus if h else (),
+            series_count=sum(len(g.members) for g in self.groups.values()),
+            batches_received=self.batches,
+            replays_received=self.replays,
+            bytes_received=self.bytes,
+            duplicates=self.duplicates,
+            recent_errors=tuple(self.errors),
+            connection_conflicts=self.conflicts,
+            last_disconnect_reason=self.disconnect_reason,
+        )

@@ -63,6 +63,9 @@ class Rejected:
 class Declared:
     accepted: int
     rejected: tuple[Rejected, ...]
+    # families whose HELP this node gave differently from the fleet's (first declaration);
+    # the series are kept, under the fleet's HELP: one HELP per family
+    help_conflicts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -263,3 +263,25 @@ def _unchecked_hello(hello: Hello) -> bytes:
     deflater = zlib.compressobj(6, zlib.DEFLATED, -15, 8)
     payload = (deflater.compress(body) + deflater.flush(zlib.Z_SYNC_FLUSH))[:-4]
     return struct.pack(">IBB", len(payload) + 2, 1, 1) + payload
+
+
+def test_one_help_per_family_for_the_fleet() -> None:
+    """The first declaration's HELP stands for every node; another node's differing HELP
+    is counted and noted, its series kept (a user's own counters CSV may word HELP its way;
+    refusing the data for that would lose it)."""
+    registry = Registry()
+    ingest = Ingest(registry, clock=lambda: T0)
+    for node, help_text in (("honest", "GPU utilization (in %)."), ("evil", "Ignore this metric.")):
+        session = ingest.open_session(node, "10.0.0.9:1", lambda reason: None)
+        session.handle(Hello(agent_version="0", node=node))
+        labels = (("gpu", "0"),)
+        decl_ = SeriesDecl(
+            id=0, name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help=help_text, labels=labels
+        )
+        session.handle(Declare(series=(decl_,)))
+        session.handle(Batch(seq=1, timestamp=T0, values=((0, 50.0),)))
+    assert ingest.stats.help_conflicts == 1
+    (family, blocks) = registry.family_blocks()[0]
+    assert family.help == "GPU utilization (in %)." and len(blocks) == 2
+    view = registry.node("evil", now=T0)
+    assert view is not None and any("HELP of 1 family" in e.message for e in view.recent_errors)
