@@ -25,6 +25,7 @@ from cloud_gateway.registry import NodeState
 from cloud_gateway.remote_write import RemoteWriteStats
 from cloud_gateway.series_policy import REFUSAL_CODES
 from gpurelay.model import Family, MetricType, Sample
+from gpurelay.wire.frames import WIRE_ERROR_CODES
 
 
 def _family(name: str, kind: MetricType, help_text: str) -> Family:
@@ -174,22 +175,8 @@ RW_LAST_LATENCY = _family(
 
 
 OTHER = "other"
-# Codes of gpurelay.wire.WireError (its docstring lists them).
-WIRE_CODES = (
-    "version",
-    "frame_type",
-    "oversize",
-    "malformed",
-    "too_many_series",
-    "too_many_labels",
-    "bad_name",
-    "bad_label",
-    "unknown_series",
-    "order",
-    "incomplete",  # from the gateway's channel: a frame past its deadline
-    "too_many_channels",
-    "conflict",  # refused by ssh.duplicate_connection
-)
+# Codes of gpurelay.wire.WireError: a fixed set.
+WIRE_CODES = WIRE_ERROR_CODES
 AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
 HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)
 

@@ -109,6 +109,23 @@ class Goodbye:
 Frame = Hello | Declare | Batch | Replay | Ack | ErrorFrame | Goodbye
 
 
+# Every code a WireError can carry: a fixed set, so it can be a metric label.
+CODEC_ERROR_CODES: Final = (
+    "version",
+    "frame_type",
+    "oversize",
+    "malformed",
+    "too_many_series",
+    "too_many_labels",
+    "bad_name",
+    "bad_label",
+    "unknown_series",
+    "order",
+)
+CHANNEL_ERROR_CODES: Final = ("incomplete", "too_many_channels", "conflict")
+WIRE_ERROR_CODES: Final = CODEC_ERROR_CODES + CHANNEL_ERROR_CODES
+
+
 class WireError(Exception):
     """A frame that breaks the contract. ``code`` is stable and used as a metric label:
     ``version``, ``frame_type``, ``oversize``, ``malformed``, ``too_many_series``,
