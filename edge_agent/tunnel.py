@@ -18,7 +18,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import asyncssh
@@ -110,6 +110,13 @@ class TunnelError(AgentError):
     """The session with the gateway failed; the tunnel reconnects after a backoff."""
 
 
+class SessionEnded(Exception):  # not an error: what became of a session
+    """A session that the gateway had acknowledged data on ended, cleanly or not (a reset,
+    a crashed gateway, a dead link): the next connection starts a *new* backoff sequence,
+    after the short jittered pause, instead of counting as one more failure of the last
+    outage (issue 13: agents waited up to 60 s after a gateway's kill -9)."""
+
+
 class GatewayRefused(TunnelError):
     """The gateway sent an ERROR frame: it will not take this agent's data as sent."""
 
@@ -182,6 +189,8 @@ class Tunnel:
         self._replay_interval = 1.0 / replay_batches_per_second
         self._dispatch: Dispatch | None = None
         self._wakeup = asyncio.Event()
+        self._acked_this_session = False
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # a test's clock
         self.stats = TunnelStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
 
@@ -225,13 +234,30 @@ class Tunnel:
                 ),
                 retry=retry_if_exception_type((TunnelError, OSError, asyncssh.Error, WireError)),
                 before_sleep=self._before_sleep,
+                sleep=self.sleep,
                 reraise=True,
             )
-            await retrying(self._session, host, port)
-            # An established session ended (gateway gone or restarting): spread the herd.
+            try:
+                await retrying(self._attempt, host, port)
+                why = "the session ended"
+            except SessionEnded as ended:
+                why = f"the session ended: {ended}"
+            # An established session ended (gateway gone, restarting or crashed, or the link
+            # died): a fresh backoff sequence, after a pause that spreads the herd.
             delay = random.uniform(0, 10 * self._cfg.backoff_initial_seconds)
-            self.log.info("reconnecting to %s:%d in %.1fs", host, port, delay)
-            await asyncio.sleep(delay)
+            self.log.info("%s; reconnecting to %s:%d in %.1fs", why, host, port, delay)
+            await self.sleep(delay)
+
+    async def _attempt(self, host: str, port: int) -> None:
+        """One connection: a failure before the gateway acknowledged anything is a failed
+        attempt (backoff goes on); after, it is the end of a session that worked."""
+        self._acked_this_session = False
+        try:
+            await self._session(host, port)
+        except (TunnelError, OSError, asyncssh.Error, WireError) as exc:
+            if self._acked_this_session:
+                raise SessionEnded(str(exc) or type(exc).__name__) from exc
+            raise
 
     def _before_sleep(self, state: object) -> None:
         outcome = getattr(state, "outcome", None)
@@ -398,6 +424,7 @@ class Tunnel:
                 raise TunnelError(f"gateway sent an invalid frame: {exc}") from exc
             acked = [frame.seq for frame in incoming if isinstance(frame, Ack)]
             if acked:
+                self._acked_this_session = True
                 self.stats.acked_seq = max(self.stats.acked_seq, *acked)
                 if self._dispatch is not None:
                     self._dispatch.acked(acked)
