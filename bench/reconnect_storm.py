@@ -156,9 +156,12 @@ def _constant(hello: Hello) -> Callable[[], Hello]:
     return lambda: hello
 
 
-async def run_storm(nodes: int, backoff: float, tmp: Path, *, timeout: float) -> StormResult:
+async def run_storm(
+    nodes: int, backoff: float, tmp: Path, *, timeout: float, crash: bool = False
+) -> StormResult:
     """Connect ``nodes`` agents (backoff_initial_seconds ``backoff``) to a gateway process,
-    restart it and measure how they come back. ``tmp``: an empty directory for the PKI,
+    restart it (``crash``: kill -9 it instead of a clean stop) and measure how they come
+    back. ``tmp``: an empty directory for the PKI,
     the gateway's config and its log (``gateway.log``). ``timeout`` bounds the initial
     connect and, from the restart on, the wait for every agent to be back.
     Raises StormError when the storm cannot be measured."""
@@ -196,7 +199,11 @@ async def run_storm(nodes: int, backoff: float, tmp: Path, *, timeout: float) ->
         # --- the restart ---
         restart = time.time()
         cpu_before = gateway.sample().cpu_seconds
-        exit_status = await asyncio.to_thread(gateway.stop)
+        if crash:
+            await asyncio.to_thread(gateway.kill9)
+            exit_status = gateway.proc.returncode if gateway.proc is not None else None
+        else:
+            exit_status = await asyncio.to_thread(gateway.stop)
         stopped = time.time()
         gateway.start()
         await wait_ready(gateway)
@@ -239,6 +246,12 @@ async def main() -> None:
         help="agents' backoff_initial_seconds (the after-restart pause is uniform in 0..10x this)",
     )
     parser.add_argument(
+        "--mode",
+        choices=("restart", "crash", "both"),
+        default="both",
+        help="a clean restart, a kill -9, or both side by side",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=600.0,
@@ -249,13 +262,22 @@ async def main() -> None:
         f"reconnect storm: {args.nodes} agents, backoff_initial {args.backoff:g}s; "
         f"python {sys.version.split()[0]}, loopback"
     )
-    with tempfile.TemporaryDirectory(prefix="storm-") as tmp_name:
-        try:
-            result = await run_storm(args.nodes, args.backoff, Path(tmp_name), timeout=args.timeout)
-        except (BenchError, HarnessError) as exc:
-            raise SystemExit(str(exc)) from None
-    for line in result.lines():
-        print("  " + line)
+    modes = ("restart", "crash") if args.mode == "both" else (args.mode,)
+    for mode in modes:
+        with tempfile.TemporaryDirectory(prefix="storm-") as tmp_name:
+            try:
+                result = await run_storm(
+                    args.nodes,
+                    args.backoff,
+                    Path(tmp_name),
+                    timeout=args.timeout,
+                    crash=mode == "crash",
+                )
+            except (BenchError, HarnessError) as exc:
+                raise SystemExit(str(exc)) from None
+        print(f" gateway {'kill -9' if mode == 'crash' else 'clean restart'}:")
+        for line in result.lines():
+            print("  " + line)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,20 @@ async def test_reconnect_storm_every_agent_returns_spread_out(
     # Spread, not a herd: no second holds half the fleet, and reconnects span 3+ seconds.
     assert result.busiest_second < NODES / 2, why
     assert result.seconds_with_reconnects >= 3, why
+
+
+async def test_a_crashed_gateway_is_rejoined_as_spread_out_as_a_restarted_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kill -9, not SIGTERM (issue 13): the agents' sessions end with a reset, not a
+    GOODBYE, and must still start a fresh, jittered backoff (it was 50% of the fleet in the
+    busiest second; a clean restart spreads it to ~15%)."""
+    caplog.set_level(logging.ERROR, logger="edge_agent")
+    result = await run_storm(NODES, BACKOFF, tmp_path, timeout=ALL_BACK_WITHIN, crash=True)
+    report = "\n".join([f"crash storm: {NODES} agents, backoff {BACKOFF:g}s", *result.lines()])
+    print(report)
+    why = "\n" + report
+    assert result.gateway_exit_status == -9, why
+    assert len(result.reconnect_seconds) == NODES, why
+    assert result.busiest_second < NODES * 0.3, why
+    assert result.seconds_with_reconnects >= 5, why
