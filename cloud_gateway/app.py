@@ -175,6 +175,8 @@ class Gateway:
             login_timeout=cfg.ssh.login_timeout_seconds,
             frame_timeout=cfg.ssh.frame_timeout_seconds,
             max_channels_per_connection=cfg.ssh.max_channels_per_connection,
+            keepalive_seconds=cfg.ssh.keepalive_seconds,
+            keepalive_count_max=cfg.ssh.keepalive_count_max,
             endpoints=self.endpoints,
         )
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")

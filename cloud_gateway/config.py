@@ -36,6 +36,10 @@ class SshConfig:
     # partial frame, and the memory it holds, on the gateway.
     frame_timeout_seconds: float = 60.0
     max_channels_per_connection: int = 1  # the agent opens one telemetry channel
+    # SSH keepalives: the backstop that closes a connection whose peer went silent, after
+    # keepalive_seconds x keepalive_count_max without an answer (was 30 s x 3, fixed).
+    keepalive_seconds: float = 30.0
+    keepalive_count_max: int = 3
     # A node connecting while it is connected: "newest" wins, "oldest" wins, or (when two
     # clients fight over one certificate) "refuse_both"; see cloud_gateway/conflicts.py.
     duplicate_connection: str = "newest"
@@ -157,6 +161,8 @@ def check_ssh(ssh: SshConfig) -> None:
         raise GatewayConfigError("ssh.frame_timeout_seconds must be > 0")
     if ssh.max_channels_per_connection < 1:
         raise GatewayConfigError("ssh.max_channels_per_connection must be >= 1")
+    if not ssh.keepalive_seconds > 0 or ssh.keepalive_count_max < 1:
+        raise GatewayConfigError("ssh.keepalive_seconds must be > 0, keepalive_count_max >= 1")
     if ssh.max_endpoints_per_node < 1:
         raise GatewayConfigError("ssh.max_endpoints_per_node must be >= 1")
     try:

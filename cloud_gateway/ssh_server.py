@@ -205,9 +205,13 @@ class SshServer:
         login_timeout: float = 30.0,
         frame_timeout: float = 60.0,
         max_channels_per_connection: int = 1,
+        keepalive_seconds: float = 30.0,
+        keepalive_count_max: int = 3,
         endpoints: EndpointTable | None = None,
     ) -> None:
         self.frame_timeout = frame_timeout
+        self.keepalive_seconds = keepalive_seconds
+        self.keepalive_count_max = keepalive_count_max
         self.max_channels_per_connection = max_channels_per_connection
         self.endpoints = endpoints
         self._host_keys = host_keys
@@ -233,8 +237,8 @@ class SshServer:
             agent_forwarding=False,
             x11_forwarding=False,
             login_timeout=self._login_timeout,
-            keepalive_interval=30,
-            keepalive_count_max=3,
+            keepalive_interval=self.keepalive_seconds,
+            keepalive_count_max=self.keepalive_count_max,
         )
         self.port = self._server.get_port()
         return self.port

@@ -116,3 +116,33 @@ def test_a_bad_http_listener_limit_is_a_one_line_error(
     with pytest.raises(GatewayConfigError) as err:
         load(f, {})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_ssh_defences_have_defaults_and_come_from_toml_and_environment(tmp_path: Path) -> None:
+    cfg = load(None, {})
+    assert (cfg.ssh.keepalive_seconds, cfg.ssh.keepalive_count_max) == (30.0, 3)
+    assert cfg.ssh.frame_timeout_seconds == 60.0 and cfg.ssh.max_channels_per_connection == 1
+    assert cfg.ssh.duplicate_connection == "newest" and cfg.ssh.siblings == ()
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        '[ssh]\nkeepalive_seconds = 5\nduplicate_connection = "oldest"\n'
+        'siblings = ["edge-gw-1=cam-*"]\n'
+    )
+    cfg = load(path, {"CLOUD_GATEWAY_SSH_KEEPALIVE_COUNT_MAX": "2"})
+    assert (cfg.ssh.keepalive_seconds, cfg.ssh.keepalive_count_max) == (5.0, 2)
+    assert cfg.ssh.duplicate_connection == "oldest" and cfg.ssh.siblings == ("edge-gw-1=cam-*",)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CLOUD_GATEWAY_SSH_KEEPALIVE_SECONDS": "0"}, "ssh.keepalive_seconds"),
+        ({"CLOUD_GATEWAY_SSH_FRAME_TIMEOUT_SECONDS": "0"}, "ssh.frame_timeout_seconds"),
+        ({"CLOUD_GATEWAY_SSH_MAX_CHANNELS_PER_CONNECTION": "0"}, "max_channels_per_connection"),
+        ({"CLOUD_GATEWAY_SSH_DUPLICATE_CONNECTION": "random"}, "newest, oldest, refuse_both"),
+        ({"CLOUD_GATEWAY_SSH_SIBLINGS": "edge-gw-1"}, "ssh.siblings"),
+    ],
+)
+def test_a_bad_ssh_defence_is_a_one_line_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(GatewayConfigError, match=message):
+        load(None, env)
