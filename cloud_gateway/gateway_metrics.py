@@ -175,8 +175,6 @@ RW_LAST_LATENCY = _family(
 
 
 OTHER = "other"
-# Codes of gpurelay.wire.WireError: a fixed set.
-WIRE_CODES = WIRE_ERROR_CODES
 AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
 HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)
 
@@ -231,7 +229,7 @@ def gateway_families(
         _one(INFO, 1, (("version", __version__),)),
         _by(NODES, "state", by_state),
         _fixed(AUTH, "reason", auth_failures, AUTH_REASONS, zeros=True),
-        _fixed(PROTOCOL, "code", protocol_errors, WIRE_CODES),
+        _fixed(PROTOCOL, "code", protocol_errors, WIRE_ERROR_CODES),
         _one(BATCHES, ingest.batches),
         _one(REPLAYED, ingest.replays),
         _one(DUPLICATES, ingest.duplicates),

@@ -26,7 +26,7 @@ from yarl import URL
 
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Exposition, bie_document
-from cloud_gateway.http_listener import ConnectionGuard, _Throttled
+from cloud_gateway.http_listener import ConnectionGuard, Throttled
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
@@ -40,7 +40,7 @@ OTHER = "other"  # the endpoint label of every path that matched no route
 AUTH_FAILURE_REASONS: Final = ("missing", "bad_token", "bad_password", "malformed")
 BEARER_CHALLENGE: Final = 'Bearer realm="cloud-gateway"'
 log = logging.getLogger("cloud_gateway.http")
-_log_refused = _Throttled(logging.WARNING)
+_log_refused = Throttled(logging.WARNING)
 
 
 @dataclasses.dataclass

@@ -59,7 +59,7 @@ class ConnectionStats:
     closed: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(CLOSE_REASONS, 0)))
 
 
-class _Throttled:
+class Throttled:
     """One log line per ``every`` seconds at most; the next line counts the ones left out."""
 
     def __init__(self, level: int, every: float = LOG_EVERY_SECONDS) -> None:
@@ -188,10 +188,10 @@ class ConnectionGuard:
         self._fresh: dict[_Connection, None] = {}
         self._served: dict[_Connection, None] = {}
         self._by_transport: dict[asyncio.BaseTransport, _Connection] = {}
-        self._log_timeout = _Throttled(logging.INFO)
-        self._log_evicted = _Throttled(logging.WARNING)
-        self._log_refused = _Throttled(logging.WARNING)
-        self._log_handshake = _Throttled(logging.INFO)
+        self._log_timeout = Throttled(logging.INFO)
+        self._log_evicted = Throttled(logging.WARNING)
+        self._log_refused = Throttled(logging.WARNING)
+        self._log_handshake = Throttled(logging.INFO)
 
     def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         return lambda: _Connection(self, server)

@@ -94,7 +94,6 @@ class Registry:
         self._nodes: dict[str, NodeRecord] = {}
         self._names: list[str] = []  # sorted
         self._families: dict[str, FamilyState] = {}
-        self._family_types: dict[str, str] = {}  # name -> type, for OpenMetrics clashes
         self._family_order: list[FamilyState] | None = None
         self._last_conn = 0
 
@@ -377,7 +376,7 @@ class Registry:
                 f"past its label budget of {budget} bytes ({n.label_bytes} used)",
             )
         if fs is None:
-            clash = policy.clashing_family(sd.name, sd.type == "counter", self._family_types)
+            clash = policy.clashing_family(sd.name, sd.type == "counter", self._family_type)
             if clash is not None:
                 return policy.Refusal(
                     policy.FAMILY_CLASH,
@@ -397,7 +396,6 @@ class Registry:
             fs = self._families[sd.name] = FamilyState(
                 Family(name=sd.name, type=sd.type, help=sd.help), n.name
             )
-            self._family_types[sd.name] = sd.type
             self._family_order = None
         prefix = self.lines.prefix(sd.name, labels)
         s = SeriesRecord(fs, prefix, (("__name__", sd.name), *labels), n.conn_id, sd.id)
@@ -408,6 +406,10 @@ class Registry:
         if sd.name in self.config.tracked_families:
             n.tracked.add(s)
         return s
+
+    def _family_type(self, name: str) -> str | None:
+        fs = self._families.get(name)
+        return None if fs is None else fs.family.type
 
     def refuses(self, name: str, labels: Labels = ()) -> policy.Refusal | None:
         """Why the gateway refuses a series, whoever declares or replays it. Only the
@@ -461,7 +463,6 @@ class Registry:
         fs.refs -= 1
         if fs.refs == 0 and self._families.get(fs.family.name) is fs:
             del self._families[fs.family.name]
-            del self._family_types[fs.family.name]
             self._family_order = None
 
     def _render(self, g: Group) -> bytes:

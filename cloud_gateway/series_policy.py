@@ -13,6 +13,7 @@ for the node's log and the API.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -92,11 +93,13 @@ def refuse_labels(name: str, labels: Labels) -> Refusal | None:
     return None
 
 
-def clashing_family(name: str, is_counter: bool, families: dict[str, str]) -> str | None:
+def clashing_family(
+    name: str, is_counter: bool, type_of: Callable[[str], str | None]
+) -> str | None:
     """The existing family that ``name`` would collide with in OpenMetrics, where a counter
-    ``X_total`` is the family ``X`` (``families``: name -> type)."""
-    if is_counter and name.endswith("_total") and name[: -len("_total")] in families:
+    ``X_total`` is the family ``X`` (``type_of``: an existing family's type, or None)."""
+    if is_counter and name.endswith("_total") and type_of(name[: -len("_total")]) is not None:
         return name[: -len("_total")]
-    if families.get(name + "_total") == "counter":
+    if type_of(name + "_total") == "counter":
         return name + "_total"
     return None

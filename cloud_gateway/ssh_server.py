@@ -321,9 +321,8 @@ class _TelemetryChannel:
         self.remote = remote
         self.log = node_log(node)
         self._encoder = FrameEncoder(limits=server._limits)
-        self._conn: asyncssh.SSHServerConnection = process.get_extra_info("connection")
-        self.conn = self._conn
-        owner = self._conn.get_owner()
+        self.conn: asyncssh.SSHServerConnection = process.get_extra_info("connection")
+        owner = self.conn.get_owner()
         self.auth = owner if isinstance(owner, _ConnectionAuth) else None
         self._closing = ""
         self._session: Session | None = None  # until closed() was called on it
@@ -340,7 +339,7 @@ class _TelemetryChannel:
         if not self._closing:
             self._closing = reason
             self.log.info("closing connection from %s: %s", self.remote, reason)
-        self._conn.close()
+        self.conn.close()
 
     def _end(self, reason: str) -> None:
         """Tell the session it is over, exactly once."""
