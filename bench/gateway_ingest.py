@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_agent import __version__
 from edge_agent.config import TunnelConfig
-from edge_agent.tunnel import Tunnel, TunnelStats
+from edge_agent.tunnel import Tunnel
+from edge_agent.tunnel_stats import TunnelStats
 from gpurelay.model import GpuInventory, Snapshot
 from gpurelay.wire import Hello
 from harness.fleet import TOKEN, Pki, make_pki

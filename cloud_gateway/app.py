@@ -2,10 +2,11 @@
 
 Startup loads the trust material (user CA, host key and certificate, revocation list),
 binds SSH and HTTP, and only then reports ready (``/readyz``, systemd READY=1). Run ticks
-once a second: expire offline nodes, re-check live certificates against the revocation
-list, refresh the gateway's own metrics. Shutdown stops accepting, says GOODBYE to every
-agent, drains for ``drain_seconds``, then closes (SSH, then remote write forwarding and its
-client, then HTTP); signals only set the stop event.
+once a second: send heartbeats due and close silent connections, publish node states
+that time changed (online -> stale), expire offline nodes, re-check live certificates
+against the revocation list, refresh the gateway's own metrics. Shutdown stops accepting,
+says GOODBYE to every agent, drains for ``drain_seconds``, then closes (SSH, then remote
+write forwarding and its client, then HTTP); signals only set the stop event.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.self_metrics import SelfMetrics
-from cloud_gateway.ssh_server import CertificatePolicy, SshServer
+from cloud_gateway.ssh_server import CertificatePolicy, SshServer, node_log
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port
 from gpurelay.web_config import BasicAuth
@@ -81,7 +82,7 @@ class Gateway:
         self.stop = asyncio.Event()
         self.registry = Registry(
             RegistryConfig(
-                stale_after_intervals=cfg.registry.stale_after_intervals,
+                liveness=cfg.registry.liveness(),
                 offline_grace=cfg.registry.offline_grace_seconds,
                 max_series_per_node=cfg.ssh.max_series_per_node,
             )
@@ -219,6 +220,15 @@ class Gateway:
     def _refresh(self) -> None:
         assert self.ssh is not None
         now = self.clock()
+        self.ingest.sweep()  # heartbeats due; close connections silent for too long
+        for node, state in self.registry.refresh(now):
+            view = self.registry.node(node, now=now)
+            if state == "stale" and view is not None and view.last_batch_time is not None:
+                node_log(node).warning(
+                    "stale: no batch for %.1fs (an agent at %gs)",
+                    now - view.last_batch_time,
+                    view.interval_seconds,
+                )
         for node in self.registry.expire(now):
             log.info(
                 "node %s offline for more than %.0fs: its series leave /metrics",

@@ -15,6 +15,7 @@ from pathlib import Path
 from cloud_gateway.conflicts import POLICIES
 from cloud_gateway.endpoints import parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError
+from cloud_gateway.liveness import LivenessPolicy
 from cloud_gateway.remote_write import RemoteWriteConfig
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
@@ -110,8 +111,24 @@ class RegistrySection:
     """``[registry]``: node liveness. The store's own
     :class:`~cloud_gateway.registry.RegistryConfig` is built from it in ``app.py``."""
 
+    # A connected node is stale (late; gpurelay_node_up 0) after this many of its intervals
+    # plus the margin without a batch; its connection is closed (offline) after
+    # offline_after_intervals plus the margin with nothing received at all. The margin is
+    # margin_seconds or twice the lateness the node's own link showed lately, the larger.
     stale_after_intervals: float = 3.0
+    offline_after_intervals: float = 6.0
+    margin_seconds: float = 2.0
     offline_grace_seconds: float = 300.0
+
+    def liveness(self) -> LivenessPolicy:
+        try:
+            return LivenessPolicy(
+                stale_after_intervals=self.stale_after_intervals,
+                offline_after_intervals=self.offline_after_intervals,
+                margin_seconds=self.margin_seconds,
+            )
+        except ValueError as exc:
+            raise GatewayConfigError(f"registry: {exc}") from exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +166,9 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     except SettingsError as exc:
         raise GatewayConfigError(str(exc)) from exc
     cfg.http.web_config()  # a bad file is an error at load, not at the first scrape
-    if cfg.registry.stale_after_intervals <= 0 or cfg.registry.offline_grace_seconds < 0:
-        raise GatewayConfigError("registry.stale_after_intervals must be > 0, grace >= 0")
+    cfg.registry.liveness()  # the thresholds make sense together
+    if cfg.registry.offline_grace_seconds < 0:
+        raise GatewayConfigError("registry.offline_grace_seconds must be >= 0")
     check_ssh(cfg.ssh)
     check_remote_write(cfg.remote_write)
     return cfg

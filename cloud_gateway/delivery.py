@@ -145,6 +145,11 @@ class NodeDelivery:
         """Collections waiting for remote write."""
         return 0 if self._forwarder is None else len(self._forwarder)
 
+    @property
+    def held(self) -> bool:
+        """The remote write queue is full: the channel stops reading until :meth:`room`."""
+        return self._forwarder is not None and self._forwarder.full
+
     async def room(self) -> None:
         """Return once this session may take more frames (its remote write queue is within
         bounds, or the session closed)."""

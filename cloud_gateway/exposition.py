@@ -7,8 +7,10 @@ family (nodes sorted by name). Building a body is a join of cached bytes; only b
 batch touched are re-rendered (see :mod:`cloud_gateway.registry`). The lines inside those
 blocks are made by :data:`TEXT_LINES`, this stage's :class:`~cloud_gateway.registry.LineFormat`:
 the registry stores them, this module decides what they look like. Then come the
-per-node families ``gpurelay_node_up`` and ``gpurelay_node_last_seen_timestamp_seconds``
-(which outlive a node's expired device series) and the gateway's own families.
+per-node families ``gpurelay_node_up``, ``gpurelay_node_state``,
+``gpurelay_node_last_seen_timestamp_seconds`` and ``gpurelay_node_late_after_seconds``
+(which outlive a node's expired device series; see :mod:`cloud_gateway.liveness`) and
+the gateway's own families.
 
 A body, its gzip and its OpenMetrics variant are each built at most once per generation
 and returned as the same ``bytes`` object to every scraper until something changes.
@@ -40,17 +42,31 @@ from gpurelay.model import MIB, Family, GpuInventory, Labels, Sample
 
 if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
     from cloud_gateway.registry import Registry
+    from cloud_gateway.registry_types import Liveness
     from cloud_gateway.self_metrics import SelfMetrics
 NODE_UP = Family(
     name="gpurelay_node_up",
     type="gauge",
-    help="1 while the node has a tunnel to the gateway (online or stale), else 0.",
+    help="1 while the node is online (connected and sending on time); 0 when stale or offline.",
+)
+NODE_STATE = Family(
+    name="gpurelay_node_state",
+    type="gauge",
+    help="1 for the node's state (online, stale: connected but late, offline: gone), else 0.",
 )
 NODE_LAST_SEEN = Family(
     name="gpurelay_node_last_seen_timestamp_seconds",
     type="gauge",
     help="Unix time the gateway last heard from the node (connect or batch).",
 )
+NODE_LATE_AFTER = Family(
+    name="gpurelay_node_late_after_seconds",
+    type="gauge",
+    help="Seconds without a batch after which the connected node counts as stale "
+    "(intervals plus a margin for its link's measured lateness).",
+)
+STATES: Final = ("online", "stale", "offline")
+NODE_FAMILIES: Final = (NODE_UP, NODE_STATE, NODE_LAST_SEEN, NODE_LATE_AFTER)
 FamilySamples = tuple[Family, Sequence[Sample]]
 
 
@@ -109,7 +125,7 @@ class Exposition:
         self._generation: tuple[int, int] | None = None
         self._bodies: dict[tuple[bool, bool], bytes] = {}
         self._headers: dict[tuple[Family, bool], bytes] = {}
-        self._node_lines: dict[str, tuple[bool, float | None, bytes, bytes]] = {}
+        self._node_lines: dict[str, tuple[Liveness, tuple[bytes, bytes, bytes, bytes]]] = {}
         self._compressing: dict[bool, tuple[tuple[int, int], asyncio.Future[bytes]]] = {}
 
     @property
@@ -193,28 +209,38 @@ class Exposition:
         return hit
 
     def _node_families(self, openmetrics: bool) -> list[bytes]:
-        """``gpurelay_node_up`` and ``..._last_seen_...``; lines are re-rendered only for
-        nodes whose values changed."""
-        cache, up, seen = self._node_lines, [], []
-        for name, is_up, last_seen in self.registry.liveness():
-            hit = cache.get(name)
-            if hit is None or hit[0] != is_up or hit[1] != last_seen:
-                labels = format_labels((("Hostname", name),))
-                seen_line = b""
-                if last_seen is not None:
-                    seen_line = (
-                        f"{NODE_LAST_SEEN.name}{labels} {format_value(float(last_seen))}\n".encode()
-                    )
-                up_line = f"{NODE_UP.name}{labels} {int(is_up)}\n".encode()
-                hit = cache[name] = (is_up, last_seen, up_line, seen_line)
-            up.append(hit[2])
-            seen.append(hit[3])
-        if not up:
-            return []
-        parts = [self._header(NODE_UP, openmetrics), *up]
-        if any(seen):
-            parts += [self._header(NODE_LAST_SEEN, openmetrics), *seen]
+        """``gpurelay_node_up``, ``_state``, ``_last_seen_...`` and ``_late_after_...``;
+        a node's lines are re-rendered only when its values changed."""
+        cache = self._node_lines
+        columns: tuple[list[bytes], ...] = ([], [], [], [])
+        for live in self.registry.liveness():
+            hit = cache.get(live.name)
+            if hit is None or hit[0] != live:
+                hit = cache[live.name] = (live, _node_lines(live))
+            for column, line in zip(columns, hit[1], strict=True):
+                if line:
+                    column.append(line)
+        parts: list[bytes] = []
+        for fam, lines in zip(NODE_FAMILIES, columns, strict=True):
+            if lines:
+                parts += [self._header(fam, openmetrics), *lines]
         return parts
+
+
+def _node_lines(live: Liveness) -> tuple[bytes, bytes, bytes, bytes]:
+    labels = format_labels((("Hostname", live.name),))
+    up = f"{NODE_UP.name}{labels} {int(live.up)}\n".encode()
+    state = "".join(
+        f"{NODE_STATE.name}{format_labels((('Hostname', live.name), ('state', s)))} "
+        f"{int(live.state == s)}\n"
+        for s in STATES
+    ).encode()
+    seen = late = ""
+    if live.last_seen is not None:
+        seen = f"{NODE_LAST_SEEN.name}{labels} {format_value(float(live.last_seen))}\n"
+    if live.late_after is not None:
+        late = f"{NODE_LATE_AFTER.name}{labels} {format_value(round(live.late_after, 3))}\n"
+    return up, state, seen.encode(), late.encode()
 
 
 def bie_document(registry: Registry, now: float) -> dict[str, Any]:

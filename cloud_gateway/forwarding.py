@@ -141,6 +141,11 @@ class Forwarder:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
+    @property
+    def full(self) -> bool:
+        """More than ``max_queued`` collections wait: :meth:`room` would wait."""
+        return len(self._queue) > self._max_queued and not self._closed
+
     async def room(self) -> None:
         """Return once at most ``max_queued`` collections wait (or the forwarder closed)."""
         while len(self._queue) > self._max_queued and not self._closed:

@@ -72,6 +72,16 @@ CONFLICTS = _family(
     "counter",
     "Two connections fighting over one node certificate (a copied or stolen certificate).",
 )
+SILENT = _family(
+    "gpurelay_gateway_silent_connections_closed_total",
+    "counter",
+    "Connections closed because nothing arrived on them for the node's silent threshold.",
+)
+HEARTBEATS = _family(
+    "gpurelay_gateway_heartbeats_sent_total",
+    "counter",
+    "HEARTBEAT frames sent to agents that had been sent nothing for their heartbeat period.",
+)
 CHANNELS = _family("gpurelay_gateway_channels", "gauge", "Open telemetry channels.")
 BODIES = _family(
     "gpurelay_gateway_metrics_bodies_built_total",
@@ -238,6 +248,8 @@ def gateway_families(
         _one(REPLACED, ingest.replaced_connections),
         _one(CONFLICTS, ingest.connection_conflicts),
         _one(HELP_CONFLICTS, ingest.help_conflicts),
+        _one(SILENT, ingest.silent_closed),
+        _one(HEARTBEATS, ingest.heartbeats),
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
         _fixed(HTTP, "endpoint", http_requests, ENDPOINTS),

@@ -5,6 +5,13 @@ name is the authenticated certificate principal given by the SSH layer, never wh
 agent says about itself. Two connections for one node: the newer wins, the older is
 closed and logged.
 
+Liveness (:mod:`cloud_gateway.liveness`) is swept on the gateway's tick
+(:meth:`Ingest.sweep`): a connection that has received nothing for the node's silent
+threshold while the gateway was reading is closed (the node goes offline at once, not
+after TCP or SSH keepalives give up), and an agent that asked for heartbeats in HELLO
+gets a HEARTBEAT whenever the gateway has sent it nothing for that long, so it can tell
+ACKs held for remote write from a dead link.
+
 A BATCH is applied to the registry at once (so /metrics stays fresh); a REPLAY (an older,
 spooled collection) is decoded, so a malformed record closes the connection, and never
 changes the exposed values. Each goes through :mod:`cloud_gateway.delivery` once, which
@@ -29,7 +36,7 @@ from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import node_log
 from gpurelay.model import Labels
 from gpurelay.record import Record, RecordDecoder
-from gpurelay.wire import Batch, Declare, Frame, Hello, Limits, Replay, WireError
+from gpurelay.wire import Batch, Declare, Frame, Heartbeat, Hello, Limits, Replay, WireError
 
 _MAX_KEYS: Final = 100_000  # remote write label sets remembered per session (replays)
 
@@ -46,6 +53,8 @@ class IngestStats:
     name_mismatches: int = 0
     connection_conflicts: int = 0  # fights over one certificate (cloud_gateway.conflicts)
     help_conflicts: int = 0  # families declared with another HELP than the fleet's
+    silent_closed: int = 0  # connections closed after nothing was received for too long
+    heartbeats: int = 0  # HEARTBEAT frames sent
     batch_seconds: float = 0.0  # CPU-ish time spent applying batches (perf_counter)
     replay_seconds: float = 0.0  # same for replays (decode, and samples for remote write)
 
@@ -58,6 +67,7 @@ class Ingest:
         registry: Registry,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
         limits: Limits | None = None,
         remote_write: RemoteWriter | None = None,
@@ -69,6 +79,7 @@ class Ingest:
     ) -> None:
         self.registry = registry
         self.clock = clock
+        self.monotonic = monotonic  # for silences and heartbeats: immune to clock steps
         self.on_change = on_change
         self.limits = limits or Limits()
         self.delivery = Delivery(
@@ -84,7 +95,7 @@ class Ingest:
         self.self_metrics = self_metrics or SelfMetrics()
         self._apply_batch = self.self_metrics.apply_seconds.labels("batch")
         self._apply_replay = self.self_metrics.apply_seconds.labels("replay")
-        self._closers: dict[int, Callable[[str], None]] = {}
+        self._sessions: dict[int, NodeSession] = {}  # by connection, after HELLO
         self.conflicts = conflicts or ConflictPolicy()
 
     def open_session(
@@ -98,9 +109,15 @@ class Ingest:
         return NodeSession(self, node, remote, close, send)
 
     def close_connection(self, conn_id: int, reason: str) -> None:
-        closer = self._closers.pop(conn_id, None)
-        if closer is not None:
-            closer(reason)
+        session = self._sessions.pop(conn_id, None)
+        if session is not None:
+            session._close(reason)
+
+    def sweep(self) -> None:
+        """On the gateway's tick: heartbeats due, and connections silent for too long."""
+        now = self.monotonic()
+        for session in list(self._sessions.values()):
+            session.tick(now)
 
     async def aclose(self) -> None:
         """Stop forwarding (before the remote writer closes); see :meth:`Delivery.aclose`."""
@@ -120,8 +137,11 @@ class NodeSession:
         self.node = node
         self.remote = remote
         self._close = close
-        self._send = send
+        self._send_frame = send
         self.conn_id: int | None = None
+        self._heartbeat = 0.0  # what the agent asked for in HELLO (0: none)
+        self._last_received = self._last_sent = ingest.monotonic()
+        self._received_seq = 0  # highest BATCH/REPLAY seq received, for HEARTBEAT
         self.log = node_log(node)
         self._pending_bytes = 0
         self._records = RecordDecoder(limits=ingest.limits)
@@ -129,7 +149,7 @@ class NodeSession:
         self._replay_series: tuple[tuple[str, Labels], ...] = ()  # the last record's series
         self._replay_keys: list[Labels | None] = []  # and their keys
         self._delivery: NodeDelivery = ingest.delivery.open(
-            node, log=self.log, send=send, failed=close
+            node, log=self.log, send=self._send, failed=close
         )
 
     @property
@@ -145,11 +165,50 @@ class NodeSession:
     def received(self, nbytes: int) -> None:
         self._pending_bytes += nbytes
         self._ingest.stats.bytes += nbytes
+        self._last_received = self._ingest.monotonic()
+
+    def _send(self, frame: Frame) -> None:
+        """A frame sent later (an ACK after remote write took a batch, a HEARTBEAT)."""
+        self._last_sent = self._ingest.monotonic()
+        self._send_frame(frame)
+
+    def _beat(self) -> None:
+        self._ingest.stats.heartbeats += 1
+        self._send(Heartbeat(received=self._received_seq))
+
+    def tick(self, now: float) -> None:
+        ingest = self._ingest
+        if self._heartbeat and now - self._last_sent >= self._heartbeat:
+            self._beat()
+        if self._delivery.held:  # the gateway is not reading: not the node's silence
+            self._last_received = now
+            return
+        limit = ingest.registry.silent_after(self.node) if self.conn_id is not None else None
+        silent = now - self._last_received
+        if limit is None or silent <= limit or self.conn_id not in ingest._sessions:
+            return
+        ingest.stats.silent_closed += 1
+        message = (
+            f"nothing received for {silent:.1f}s (the limit is {limit:.1f}s: "
+            "registry.offline_after_intervals x the agent's interval + margin); "
+            "closing the connection, the node is offline until it connects again"
+        )
+        self.log.warning("%s", message)
+        ingest.registry.record_error(self.node, message, ingest.clock())
+        ingest.close_connection(self.conn_id, f"silent for {silent:.1f}s")
 
     def handle(self, frame: Frame) -> Sequence[Frame]:
+        replies = self._handle(frame)
+        if replies:
+            self._last_sent = self._ingest.monotonic()
+        return replies
+
+    def _handle(self, frame: Frame) -> Sequence[Frame]:
         if isinstance(frame, Batch):
+            self._received_seq = max(self._received_seq, frame.seq)
             return self._batch(frame)
         if isinstance(frame, Replay):
+            self._received_seq = max(self._received_seq, frame.seq)
             return self._replay(frame)
         if isinstance(frame, Declare):
             self._declare(frame)
@@ -173,7 +232,7 @@ class NodeSession:
         self._arrive(now)
         connected = ingest.registry.connect(self.node, remote=self.remote, hello=hello, now=now)
         self.conn_id = connected.conn_id
-        ingest._closers[connected.conn_id] = self._close
+        ingest._sessions[connected.conn_id] = self
         if connected.replaced is not None:
             ingest.stats.replaced_connections += 1
             self.log.warning("a newer connection from %s replaces the older one", self.remote)
@@ -188,6 +247,9 @@ class NodeSession:
             hello.backend,
             hello.domain or self.node,
         )
+        if hello.heartbeat_seconds:  # the first at once: the agent learns we send them
+            self._heartbeat = hello.heartbeat_seconds
+            self._beat()
         ingest.on_change()
 
     def _arrive(self, now: float) -> None:
@@ -359,7 +421,8 @@ class NodeSession:
         self._delivery.close()
         if self.conn_id is None:
             return
-        ingest._closers.pop(self.conn_id, None)
+        if ingest._sessions.get(self.conn_id) is self:
+            del ingest._sessions[self.conn_id]
         ingest.registry.disconnect(self.node, self.conn_id, now=ingest.clock(), reason=reason)
         self.log.info("disconnected: %s", reason)
         ingest.on_change()

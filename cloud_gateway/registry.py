@@ -27,10 +27,10 @@ series.
 
 from __future__ import annotations
 
-import math
 from bisect import insort
 
 from cloud_gateway import series_policy as policy
+from cloud_gateway.liveness import Arrivals
 from cloud_gateway.registry_records import FamilyState, Group, NodeRecord, SeriesRecord
 from cloud_gateway.registry_types import (
     FB_FAMILIES,
@@ -107,6 +107,8 @@ class Registry:
         n.connected_since = n.last_seen = now
         n.disconnected_at = None
         n.ids, n.rejected = {}, set()
+        n.arrivals = Arrivals(hello.interval_seconds, now)
+        n.state = "online"
         self.generation += 1
         return Connected(n.conn_id, replaced)
 
@@ -116,6 +118,7 @@ class Registry:
             return  # an older connection that a newer one already replaced
         n.connected, n.disconnected_at, n.disconnect_reason = False, now, reason
         n.ids, n.rejected = {}, set()
+        n.arrivals, n.state = None, "offline"
         self.generation += 1
 
     def record_error(self, node: str, message: str, now: float) -> None:
@@ -167,6 +170,9 @@ class Registry:
         n.batches += 1
         n.bytes += size_bytes
         n.last_seen = n.last_batch_time = now
+        if n.arrivals is not None:
+            n.arrivals.arrived(now)
+        n.state = "online"  # a late node that sends again is on time again
         self.generation += 1  # last_seen changed, at least
         if duplicate:
             n.duplicates += 1
@@ -243,10 +249,37 @@ class Registry:
     def states(self, now: float) -> dict[str, NodeState]:
         return {name: self._state(self._nodes[name], now) for name in self._names}
 
+    def refresh(self, now: float) -> list[tuple[str, NodeState]]:
+        """Publish the states that time changed (online nodes that became late): the
+        nodes that changed and their new state. Called on the gateway's tick."""
+        changed = []
+        for name in self._names:
+            n = self._nodes[name]
+            state = self._state(n, now)
+            if state != n.state:
+                n.state = state
+                changed.append((name, state))
+        if changed:
+            self.generation += 1
+        return changed
+
     def liveness(self) -> list[Liveness]:
-        """Per node, sorted by name: up (connected) and the last time it was heard from."""
-        nodes = (self._nodes[name] for name in self._names)
-        return [Liveness(n.name, n.connected, n.last_seen) for n in nodes]
+        """Per node, sorted by name: its published state, the last time it was heard
+        from, and how long it may go without a batch before it is stale."""
+        out = []
+        for name in self._names:
+            n = self._nodes[name]
+            arrivals = n.arrivals
+            late = None if arrivals is None else arrivals.late_after(self.config.liveness)
+            out.append(Liveness(n.name, n.state, n.last_seen, late))
+        return out
+
+    def silent_after(self, node: str) -> float | None:
+        """Seconds without any data after which the node's connection should be closed
+        (``None``: not connected)."""
+        n = self._nodes.get(node)
+        arrivals = n.arrivals if n is not None and n.connected else None
+        return None if arrivals is None else arrivals.silent_after(self.config.liveness)
 
     def latest(self, node: str, family: str) -> list[tuple[Labels, float]]:
         """Labels and value of a node's live series of a tracked family (config)."""
@@ -353,35 +386,21 @@ class Registry:
                 )
             s.conn, s.sid = n.conn_id, sd.id
         else:
-            refusal = self._room_for(n, sd, fs, labels)
+            refusal = policy.refuse_room(
+                name=sd.name,
+                counter=sd.type == "counter",
+                labels=labels,
+                series=len(n.series),
+                max_series=self.config.max_series_per_node,
+                used_bytes=n.label_bytes,
+                budget=self.config.max_label_bytes_per_node,
+                new_family=fs is None,
+                family_type=self._family_type,
+            )
             if refusal is not None:
                 return refusal
             s = self._new_series(n, sd, fs, labels, identity)
         n.ids[sd.id] = s
-        return None
-
-    def _room_for(
-        self, n: NodeRecord, sd: SeriesDecl, fs: FamilyState | None, labels: Labels
-    ) -> policy.Refusal | None:
-        limit = self.config.max_series_per_node
-        if len(n.series) >= limit:
-            return policy.Refusal(
-                policy.TOO_MANY_SERIES, f"node has {len(n.series)} series, the limit"
-            )
-        cost, budget = policy.label_bytes(sd.name, labels), self.config.max_label_bytes_per_node
-        if n.label_bytes + cost > budget:
-            return policy.Refusal(
-                policy.LABEL_BYTES,
-                f"series {sd.name!r} ({cost} bytes of name and labels) would take the node "
-                f"past its label budget of {budget} bytes ({n.label_bytes} used)",
-            )
-        if fs is None:
-            clash = policy.clashing_family(sd.name, sd.type == "counter", self._family_type)
-            if clash is not None:
-                return policy.Refusal(
-                    policy.FAMILY_CLASH,
-                    f"family {sd.name!r} would collide with family {clash!r} in OpenMetrics",
-                )
         return None
 
     def _new_series(
@@ -472,15 +491,9 @@ class Registry:
         return g.block
 
     def _state(self, n: NodeRecord, now: float) -> NodeState:
-        if not n.connected:
+        if not n.connected or n.arrivals is None:
             return "offline"
-        interval = n.hello.interval_seconds if n.hello else 0.0
-        if not (math.isfinite(interval) and interval > 0):
-            interval = 10.0
-        heard = n.last_batch_time if n.last_batch_time is not None else n.connected_since
-        if heard is not None and now - heard > self.config.stale_after_intervals * interval:
-            return "stale"
-        return "online"
+        return "stale" if n.arrivals.is_late(self.config.liveness, now) else "online"
 
     def _view(self, n: NodeRecord, now: float) -> NodeView:
         return n.view(self._state(n, now))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from cloud_gateway.liveness import Arrivals
 from cloud_gateway.registry_types import NodeError, NodeState, NodeView
 from gpurelay.model import Family, Labels
 from gpurelay.wire import Hello
@@ -77,6 +78,8 @@ class NodeRecord:
         self.disconnect_reason = ""
         self.last_batch_time: float | None = None
         self.last_seen: float | None = None
+        self.arrivals: Arrivals | None = None  # of the current connection's live batches
+        self.state: NodeState = "offline"  # as last published (see Registry.refresh)
         self.batches = self.replays = self.bytes = self.duplicates = 0
         self.conflicts = 0
         self.errors: deque[NodeError] = deque(maxlen=max_errors)

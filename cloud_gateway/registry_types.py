@@ -5,9 +5,10 @@ gateway's own metrics) need not import the store itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
+from cloud_gateway.liveness import LivenessPolicy
 from gpurelay.model import GpuInventory, Labels
 
 NodeState = Literal["online", "stale", "offline"]
@@ -26,7 +27,7 @@ class LineFormat(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegistryConfig:
-    stale_after_intervals: float = 3.0  # connected but silent this many intervals: stale
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)  # stale, and gone
     offline_grace: float = 300.0  # seconds offline before a node's series are dropped
     max_series_per_node: int = 50_000
     # Name and label text of a node's series (a 16-GPU box with 8 processes per GPU needs
@@ -88,8 +89,14 @@ class NodeError:
 
 class Liveness(NamedTuple):
     name: str
-    up: bool  # connected (online or stale)
+    state: NodeState  # as of the last Registry.refresh (or connect, batch, disconnect)
     last_seen: float | None
+    late_after: float | None  # seconds without a batch before stale; None while offline
+
+    @property
+    def up(self) -> bool:
+        """Online: connected and sending on time (what ``gpurelay_node_up`` says)."""
+        return self.state == "online"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -103,3 +103,35 @@ def clashing_family(
     if type_of(name + "_total") == "counter":
         return name + "_total"
     return None
+
+
+def refuse_room(
+    *,
+    name: str,
+    counter: bool,
+    labels: Labels,
+    series: int,
+    max_series: int,
+    used_bytes: int,
+    budget: int,
+    new_family: bool,
+    family_type: Callable[[str], str | None],
+) -> Refusal | None:
+    """Why a node may not add one more series record: its series count, its label-byte
+    budget, or (for a family new to the fleet) a name that clashes in OpenMetrics."""
+    if series >= max_series:
+        return Refusal(TOO_MANY_SERIES, f"node has {series} series, the limit")
+    cost = label_bytes(name, labels)
+    if used_bytes + cost > budget:
+        return Refusal(
+            LABEL_BYTES,
+            f"series {name!r} ({cost} bytes of name and labels) would take the node "
+            f"past its label budget of {budget} bytes ({used_bytes} used)",
+        )
+    if new_family:
+        clash = clashing_family(name, counter, family_type)
+        if clash is not None:
+            return Refusal(
+                FAMILY_CLASH, f"family {name!r} would collide with family {clash!r} in OpenMetrics"
+            )
+    return None

@@ -55,10 +55,19 @@ class TunnelConfig:
     known_hosts: Path | None = None  # "@cert-authority * <host CA>" line(s) or a pinned key
     key: Path | None = None  # the node's private key
     certificate: Path | None = None  # default: <key>-cert.pub
+    # TCP handshake (a SYN nobody answers: a silent path, retried after a short pause)
+    # and then the SSH handshake and login (a slow or refusing gateway: growing backoff).
+    dial_timeout_seconds: float = 3.0
     connect_timeout_seconds: float = 10.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
+    # Protocol liveness: the gateway sends an ACK or a HEARTBEAT at least every interval;
+    # with nothing from it for this long the agent drops the session and dials again.
+    # 0: 3 x interval_seconds + 5 s.
+    silence_timeout_seconds: float = 0.0
+    # SSH keepalives, the backstop under the protocol's own liveness.
     keepalive_seconds: float = 15.0
+    keepalive_count_max: int = 3
     # SSH ciphers in order of preference (the client's order decides). AES-GCM first: with
     # AES instructions (x86, ARMv8 crypto extensions, Jetson) it costs about a fifth of
     # chacha20-poly1305 per packet in asyncssh; put chacha20 first on CPUs without them.
@@ -198,6 +207,20 @@ def _validate(cfg: AgentConfig) -> None:
             raise ConfigError(f"publish: {entry.node or 'this node'}:{entry.port} is listed twice")
         seen.add(key)
     gw = cfg.gateway
+    for name in ("dial_timeout_seconds", "connect_timeout_seconds", "keepalive_seconds"):
+        if not getattr(gw, name) > 0:
+            raise ConfigError(f"gateway.{name} must be > 0, not {getattr(gw, name)}")
+    if not gw.silence_timeout_seconds >= 0 or gw.keepalive_count_max < 1:
+        raise ConfigError(
+            "gateway.silence_timeout_seconds must be >= 0 (0: automatic), "
+            "gateway.keepalive_count_max >= 1"
+        )
+    if gw.silence_timeout_seconds and gw.silence_timeout_seconds <= cfg.interval_seconds:
+        raise ConfigError(
+            f"gateway.silence_timeout_seconds ({gw.silence_timeout_seconds:g}) must be more "
+            f"than interval_seconds ({cfg.interval_seconds:g}): the gateway is heard from "
+            "about once an interval"
+        )
     if gw.address:
         split_host_port(
             gw.address if ":" in gw.address else gw.address + ":2222", "gateway.address"

@@ -6,9 +6,16 @@ in as its node name with its node certificate. Telemetry rides one session chann
 (subsystem ``gpurelay``) as frames of :mod:`gpurelay.wire`.
 
 Reconnects use exponential backoff with full jitter (tenacity); after an established
-session ends (gateway restart, GOODBYE) the first reconnect is also delayed by a random
-share of ``backoff_initial_seconds`` x 10, so a thousand agents do not return in the same
-second. The local HTTP endpoints keep serving whatever happens here.
+session ends (gateway restart or crash, GOODBYE, a dead link) the first reconnect is
+delayed by a random share of ``backoff_initial_seconds`` x 10, so a thousand agents do not
+return in the same second, and a new backoff sequence starts. A dial that nobody answers
+(:mod:`edge_agent.dial`) is retried after a short pause instead, so data resumes within
+seconds of a silent path returning.
+
+Liveness is the protocol's: the agent asks the gateway in HELLO for a HEARTBEAT whenever
+it has sent nothing (no ACK) for an interval, and drops a session on which nothing at all
+arrived for ``silence_timeout_seconds`` (default 3 intervals + 5 s); SSH keepalives are
+only the backstop. The local HTTP endpoints keep serving whatever happens here.
 """
 
 from __future__ import annotations
@@ -17,19 +24,27 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import asyncssh
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_random_exponential,
+)
 
 from edge_agent.config import TunnelConfig
+from edge_agent.dial import PathSilent, dial
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
+from edge_agent.tunnel_stats import TUNNEL_FAMILIES, TunnelStats
 from gpurelay.asyncssh_hooks import hook_forwarded_open
-from gpurelay.model import Family, SampleSink, Snapshot
+from gpurelay.model import SampleSink, Snapshot
 from gpurelay.wire import (
     READ_CHUNK,
     SUBSYSTEM,
@@ -38,61 +53,13 @@ from gpurelay.wire import (
     FrameDecoder,
     FrameEncoder,
     Goodbye,
+    Heartbeat,
     Hello,
     Replay,
     WireError,
 )
 
 log = logging.getLogger(__name__)
-
-
-TUNNEL_FAMILIES = (
-    Family(
-        name="gpurelay_agent_gateway_connected",
-        type="gauge",
-        help="1 while the telemetry channel to the gateway is open.",
-    ),
-    Family(
-        name="gpurelay_agent_gateway_connects_total",
-        type="counter",
-        help="Telemetry channels opened to the gateway.",
-    ),
-    Family(
-        name="gpurelay_agent_gateway_failures_total",
-        type="counter",
-        help="Failed or refused gateway sessions, by reason.",
-    ),
-    Family(
-        name="gpurelay_agent_gateway_sent_batches_total",
-        type="counter",
-        help="Value batches written to the gateway.",
-    ),
-    Family(
-        name="gpurelay_agent_gateway_sent_bytes_total",
-        type="counter",
-        help="Bytes written into the telemetry channel (after compression).",
-    ),
-    Family(
-        name="gpurelay_agent_gateway_acked_seq",
-        type="gauge",
-        help="Highest batch sequence number the gateway acknowledged.",
-    ),
-    Family(
-        name="gpurelay_agent_proxy_refused_total",
-        type="counter",
-        help="Connections from the gateway to endpoints that are not published, refused.",
-    ),
-    Family(
-        name="gpurelay_agent_replayed_batches_total",
-        type="counter",
-        help="Spooled batches sent again (REPLAY frames) after a reconnect or a lost ACK.",
-    ),
-    Family(
-        name="gpurelay_agent_gateway_in_flight_batches",
-        type="gauge",
-        help="Batches sent on the current connection and not yet acknowledged.",
-    ),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,26 +84,16 @@ class SessionEnded(Exception):  # not an error: what became of a session
     outage (issue 13: agents waited up to 60 s after a gateway's kill -9)."""
 
 
+class Unanswered(TunnelError):
+    """Nobody answered the TCP handshake: a silent path, retried after a short pause."""
+
+
+class GatewaySilent(TunnelError):
+    """The gateway sent nothing (no ACK, no HEARTBEAT) for the silence timeout."""
+
+
 class GatewayRefused(TunnelError):
     """The gateway sent an ERROR frame: it will not take this agent's data as sent."""
-
-
-@dataclass
-class TunnelStats:
-    connected: bool = False
-    connects: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    frames_sent: int = 0
-    bytes_sent: int = 0
-    batches_sent: int = 0
-    acked_seq: int = 0
-    proxy_refused: int = 0
-    last_error: str = ""
-    connected_since: float = 0.0
-
-    def fail(self, reason: str, message: str) -> None:
-        self.failures[reason] = self.failures.get(reason, 0) + 1
-        self.last_error = message
 
 
 def load_client_key(cfg: TunnelConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCertificate]:
@@ -191,6 +148,9 @@ class Tunnel:
         self._wakeup = asyncio.Event()
         self._acked_this_session = False
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # a test's clock
+        self._backoff = wait_random_exponential(
+            multiplier=cfg.backoff_initial_seconds, max=cfg.backoff_max_seconds
+        )
         self.stats = TunnelStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
 
@@ -228,10 +188,7 @@ class Tunnel:
         host, port = self._cfg.host_port
         while True:
             retrying = AsyncRetrying(
-                wait=wait_random_exponential(
-                    multiplier=self._cfg.backoff_initial_seconds,
-                    max=self._cfg.backoff_max_seconds,
-                ),
+                wait=self._wait,
                 retry=retry_if_exception_type((TunnelError, OSError, asyncssh.Error, WireError)),
                 before_sleep=self._before_sleep,
                 sleep=self.sleep,
@@ -259,6 +216,14 @@ class Tunnel:
                 raise SessionEnded(str(exc) or type(exc).__name__) from exc
             raise
 
+    def _wait(self, state: RetryCallState) -> float:
+        """Full-jitter exponential backoff; a dial nobody answered (the gateway never saw
+        it) waits at most 2 x ``backoff_initial_seconds`` and does not grow the backoff."""
+        outcome = state.outcome
+        if outcome is not None and isinstance(outcome.exception(), Unanswered):
+            return random.uniform(0, 2 * self._cfg.backoff_initial_seconds)
+        return float(self._backoff(state))
+
     def _before_sleep(self, state: object) -> None:
         outcome = getattr(state, "outcome", None)
         exc = outcome.exception() if outcome is not None else None
@@ -268,18 +233,54 @@ class Tunnel:
     async def _session(self, host: str, port: int) -> None:
         """One connection. Returns after an established session ends; raises before that."""
         try:
+            sock = await dial(host, port, self._cfg.dial_timeout_seconds)
+        except PathSilent as exc:
+            self.stats.fail("unanswered", str(exc))
+            raise Unanswered(f"cannot reach gateway {host}:{port}: {exc}") from exc
+        except OSError as exc:
+            self.stats.fail("connect", str(exc))
+            raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc
+        try:
+            conn = await self._handshake(host, port, sock)
+        except BaseException:
+            sock.close()  # a no-op where asyncssh got far enough to close it itself
+            raise
+        async with conn:
+            try:
+                writer, reader, _stderr = await conn.open_session(
+                    subsystem=SUBSYSTEM, encoding=None
+                )
+            except asyncssh.Error as exc:
+                self.stats.fail("channel", str(exc))
+                raise TunnelError(f"gateway refused the telemetry channel: {exc}") from exc
+            await self._offer_endpoints(conn)
+            self.stats.connected = True
+            self.stats.connects += 1
+            self.stats.connected_since = time.time()
+            self.log.info("connected to gateway %s:%d as %s", host, port, self._node)
+            try:
+                await self._exchange(writer, reader)
+            finally:
+                self.stats.connected = False
+
+    async def _handshake(
+        self, host: str, port: int, sock: socket.socket
+    ) -> asyncssh.SSHClientConnection:
+        """SSH over the dialled socket: key exchange, host key check, login."""
+        try:
             conn = await asyncio.wait_for(
                 asyncssh.connect(
                     host,
                     port,
+                    sock=sock,
                     username=self._node,
                     client_keys=[(self._key, self._cert)],
                     known_hosts=self._known_hosts,
                     agent_path=None,
                     config=None,
                     keepalive_interval=self._cfg.keepalive_seconds,
+                    keepalive_count_max=self._cfg.keepalive_count_max,
                     encryption_algs=list(self._cfg.ciphers),
-                    keepalive_count_max=3,
                 ),
                 timeout=self._cfg.connect_timeout_seconds,
             )
@@ -310,23 +311,7 @@ class Tunnel:
         except (OSError, TimeoutError, asyncssh.Error) as exc:
             self.stats.fail("connect", str(exc))
             raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc
-        async with conn:
-            try:
-                writer, reader, _stderr = await conn.open_session(
-                    subsystem=SUBSYSTEM, encoding=None
-                )
-            except asyncssh.Error as exc:
-                self.stats.fail("channel", str(exc))
-                raise TunnelError(f"gateway refused the telemetry channel: {exc}") from exc
-            await self._offer_endpoints(conn)
-            self.stats.connected = True
-            self.stats.connects += 1
-            self.stats.connected_since = time.time()
-            self.log.info("connected to gateway %s:%d as %s", host, port, self._node)
-            try:
-                await self._exchange(writer, reader)
-            finally:
-                self.stats.connected = False
+        return conn
 
     async def _offer_endpoints(self, conn: asyncssh.SSHClientConnection) -> None:
         """Offer each allowlisted endpoint as a remote forward. asyncssh refuses any
@@ -357,8 +342,12 @@ class Tunnel:
         frames = FrameEncoder()
         self._snapshots.reset()
         self._dispatch = None
-        self._write(writer, frames.encode(self._hello()))
-        receiver = asyncio.create_task(self._receive(reader))
+        hello = self._hello()
+        interval = hello.interval_seconds
+        hello = replace(hello, heartbeat_seconds=interval)
+        silence = self._cfg.silence_timeout_seconds or 3 * interval + 5.0
+        self._write(writer, frames.encode(hello))
+        receiver = asyncio.create_task(self._receive(reader, silence))
         sender = asyncio.create_task(self._send_loop(writer, frames))
         try:
             done, _ = await asyncio.wait({receiver, sender}, return_when=asyncio.FIRST_COMPLETED)
@@ -410,10 +399,21 @@ class Tunnel:
         self.stats.frames_sent += 1
         self.stats.bytes_sent += len(data)
 
-    async def _receive(self, reader: asyncssh.SSHReader[bytes]) -> None:
+    async def _receive(self, reader: asyncssh.SSHReader[bytes], silence: float) -> None:
+        """ACKs, HEARTBEATs, GOODBYE, ERROR. The gateway sends one of them at least about
+        once an interval; nothing for ``silence`` seconds means the link (or the gateway)
+        is dead, whatever TCP believes: drop the session and dial again."""
         decoder = FrameDecoder()
         while True:
-            data = await reader.read(READ_CHUNK)
+            try:
+                data = await asyncio.wait_for(reader.read(READ_CHUNK), silence)
+            except TimeoutError:
+                message = (
+                    f"nothing from the gateway for {silence:g}s (gateway.silence_timeout_"
+                    "seconds): the link or the gateway is dead; dropping the session"
+                )
+                self.stats.fail("silent", message)
+                raise GatewaySilent(message) from None
             if not data:
                 self.log.warning("gateway closed the telemetry channel")
                 return
@@ -422,6 +422,8 @@ class Tunnel:
             except WireError as exc:
                 self.stats.fail("protocol", str(exc))
                 raise TunnelError(f"gateway sent an invalid frame: {exc}") from exc
+            if any(isinstance(frame, Heartbeat) for frame in incoming):
+                self._acked_this_session = True  # the gateway took this session
             acked = [frame.seq for frame in incoming if isinstance(frame, Ack)]
             if acked:
                 self._acked_this_session = True
@@ -430,7 +432,7 @@ class Tunnel:
                     self._dispatch.acked(acked)
                 self._wakeup.set()  # room for more replays
             for frame in incoming:
-                if isinstance(frame, Ack):
+                if isinstance(frame, Ack | Heartbeat):
                     continue
                 if isinstance(frame, Goodbye):
                     self.log.info("gateway is going away: %s", frame.reason)

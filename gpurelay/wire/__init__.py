@@ -23,13 +23,18 @@ stay short):
   flush's constant ``00 00 ff ff`` tail left off (the decoder puts it back, as RFC 7692
   does). Structure repeated across frames (label sets, unchanged series ids) costs almost
   nothing. A payload may inflate to at most ``max_frame_bytes``.
-- ACK, ERROR, GOODBYE travel uncompressed (tiny, and an ERROR must always be readable),
+- ACK, HEARTBEAT, ERROR, GOODBYE travel uncompressed (tiny, and an ERROR must always be readable),
   and so does REPLAY (its record is compressed already).
 - HELLO: compact UTF-8 JSON ``{"agent_version", "node", "domain", "backend",
-  "driver_version", "hostname", "interval_seconds", "gpus": [GpuInventory fields]}``.
+  "driver_version", "hostname", "interval_seconds", "gpus": [GpuInventory fields],
+  "heartbeat_seconds"}``; the last only from agents that want HEARTBEAT frames (> 0).
 - DECLARE: JSON ``{"series": [{"id", "name", "type", "help", "labels": [[k, v], ...]}]}``.
 - ERROR: JSON ``{"code", "message"}``. GOODBYE: JSON ``{"reason"}``. ACK: ``uvarint seq``
   (that one batch or replay is safely taken: applied, and accepted by remote write if on).
+  HEARTBEAT: ``uvarint seq``, the highest seq received on the connection, acknowledged or
+  not; the gateway sends one after HELLO and whenever it has sent the agent nothing for
+  the HELLO's ``heartbeat_seconds``, so the agent can tell a dead link from ACKs held for
+  remote write. Only to agents that asked: an older agent would refuse the frame type.
 - REPLAY: ``uvarint seq | record`` (:mod:`gpurelay.record`): a spooled collection, sent
   again after a reconnect, in any order relative to BATCH frames; its seq is not checked
   against the connection's BATCH order (the receiver dedupes seqs instead).
@@ -77,6 +82,7 @@ from gpurelay.wire.frames import (
     Frame,
     FrameType,
     Goodbye,
+    Heartbeat,
     Hello,
     Limits,
     Replay,
@@ -100,6 +106,7 @@ __all__ = [
     "FrameEncoder",
     "FrameType",
     "Goodbye",
+    "Heartbeat",
     "Hello",
     "Limits",
     "Replay",

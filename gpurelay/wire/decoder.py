@@ -22,7 +22,14 @@ from gpurelay.wire.frames import (
     Replay,
     WireError,
 )
-from gpurelay.wire.payloads import parse_ack, parse_declare, parse_error, parse_goodbye, parse_hello
+from gpurelay.wire.payloads import (
+    parse_ack,
+    parse_declare,
+    parse_error,
+    parse_goodbye,
+    parse_heartbeat,
+    parse_hello,
+)
 from gpurelay.wire.session import ConnectionState
 from gpurelay.wire.values import F64, FLOAT64, KIND_BITS, KIND_MASK, decode_value
 from gpurelay.wire.varint import unzz, uvarint
@@ -120,6 +127,8 @@ class FrameDecoder:
                 return Replay(seq=seq, record=body[pos:])
             if ftype is FrameType.ACK:
                 return parse_ack(body)
+            if ftype is FrameType.HEARTBEAT:
+                return parse_heartbeat(body)
             if ftype is FrameType.ERROR:
                 return parse_error(body)
             return parse_goodbye(body)

@@ -20,6 +20,7 @@ from gpurelay.wire.frames import (
     Frame,
     FrameType,
     Goodbye,
+    Heartbeat,
     Hello,
     Limits,
     Replay,
@@ -110,6 +111,13 @@ class FrameEncoder:
                 out = bytearray()
                 put(out, frame.seq)
                 return FrameType.ACK, bytes(out), None
+            if isinstance(frame, Heartbeat):
+                received = frame.received
+                if type(received) is not int or not 0 <= received <= MAX_SEQ:
+                    raise WireError("malformed", f"HEARTBEAT seq {show(received)} is out of range")
+                out = bytearray()
+                put(out, received)
+                return FrameType.HEARTBEAT, bytes(out), None
             if isinstance(frame, ErrorFrame):
                 check_text(frame.code, "ERROR code")
                 check_text(frame.message, "ERROR message")

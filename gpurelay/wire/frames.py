@@ -22,6 +22,7 @@ class FrameType(IntEnum):
     ERROR = 5  # either way: a clear error; the sender closes the connection after it
     GOODBYE = 6  # gateway -> agent: shutting down, reconnect later
     REPLAY = 7  # agent -> gateway: one spooled collection, self-contained (gpurelay.record)
+    HEARTBEAT = 8  # gateway -> agent: alive, to an agent that asked for it in HELLO
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +38,7 @@ class Limits:
 DEFAULT_LIMITS: Final = Limits()
 
 # HELLO's own bounds: facts about a box are short (a version, a hostname, a GPU's name).
+MAX_HEARTBEAT_SECONDS: Final = 3600.0  # what an agent may ask for in HELLO
 HELLO_TEXT_BYTES: Final = 256  # each text field, in UTF-8
 HELLO_GPUS: Final = 256  # physical GPUs listed (MIG instances are not listed)
 
@@ -51,6 +53,9 @@ class Hello:
     hostname: str = ""
     interval_seconds: float = 10.0
     gpus: tuple[GpuInventory, ...] = ()
+    # > 0: send me a HEARTBEAT whenever you have sent me nothing for this long, so that I
+    # can tell a silent link from a gateway that is holding ACKs (0: an older agent).
+    heartbeat_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +101,14 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """The gateway is alive and reading: ``received`` is the highest seq it has received
+    on this connection (0: none yet), acknowledged or not (ACKs wait for remote write)."""
+
+    received: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorFrame:
     code: str
     message: str
@@ -106,7 +119,7 @@ class Goodbye:
     reason: str
 
 
-Frame = Hello | Declare | Batch | Replay | Ack | ErrorFrame | Goodbye
+Frame = Hello | Declare | Batch | Replay | Ack | Heartbeat | ErrorFrame | Goodbye
 
 
 # Every code a WireError can carry: a fixed set, so it can be a metric label.

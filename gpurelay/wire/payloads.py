@@ -1,4 +1,4 @@
-"""The JSON payloads (HELLO, DECLARE, ERROR, GOODBYE) and ACK: strict parsing, one place.
+"""The JSON payloads (HELLO, DECLARE, ERROR, GOODBYE), ACK and HEARTBEAT: strict parsing, one place.
 
 Every miss is a :class:`~gpurelay.wire.frames.WireError` with code ``malformed``."""
 
@@ -13,11 +13,13 @@ from gpurelay.model import GpuInventory
 from gpurelay.wire.frames import (
     HELLO_GPUS,
     HELLO_TEXT_BYTES,
+    MAX_HEARTBEAT_SECONDS,
     MAX_SEQ,
     Ack,
     Declare,
     ErrorFrame,
     Goodbye,
+    Heartbeat,
     Hello,
     SeriesDecl,
     WireError,
@@ -126,7 +128,7 @@ class JsonObject:
 
 
 def hello_json(hello: Hello) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "agent_version": hello.agent_version,
         "node": hello.node,
         "domain": hello.domain,
@@ -138,6 +140,9 @@ def hello_json(hello: Hello) -> dict[str, Any]:
             {f.name: getattr(gpu, f.name) for f in fields(GpuInventory)} for gpu in hello.gpus
         ],
     }
+    if hello.heartbeat_seconds:  # left out when 0: the HELLO an older agent sent
+        out["heartbeat_seconds"] = hello.heartbeat_seconds
+    return out
 
 
 def parse_gpu(value: object, i: int) -> GpuInventory:
@@ -171,10 +176,16 @@ def parse_hello(body: bytes) -> Hello:
         hostname=o.short_text("hostname", ""),
         interval_seconds=o.number("interval_seconds", 10.0),
         gpus=tuple(parse_gpu(g, i) for i, g in enumerate(gpus)),
+        heartbeat_seconds=o.number("heartbeat_seconds", 0.0),
     )
     o.done()
     if hello.interval_seconds <= 0:
         raise WireError("malformed", "HELLO: field 'interval_seconds' must be positive")
+    if not 0 <= hello.heartbeat_seconds <= MAX_HEARTBEAT_SECONDS:
+        raise WireError(
+            "malformed",
+            f"HELLO: field 'heartbeat_seconds' must be in 0..{MAX_HEARTBEAT_SECONDS:g}",
+        )
     return hello
 
 
@@ -230,6 +241,13 @@ def parse_goodbye(body: bytes) -> Goodbye:
     frame = Goodbye(reason=o.text("reason"))
     o.done()
     return frame
+
+
+def parse_heartbeat(body: bytes) -> Heartbeat:
+    received, end = uvarint(body, 0)
+    if end != len(body) or received > MAX_SEQ:
+        raise WireError("malformed", "HEARTBEAT payload is not one sequence number")
+    return Heartbeat(received=received)
 
 
 def parse_ack(body: bytes) -> Ack:

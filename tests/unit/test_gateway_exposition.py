@@ -15,6 +15,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from cloud_gateway.exposition import (
     NODE_LAST_SEEN,
+    NODE_LATE_AFTER,
+    NODE_STATE,
     NODE_UP,
     TEXT_LINES,
     Exposition,
@@ -73,7 +75,7 @@ class Agent:
 
 
 def reference(
-    nodes: dict[str, Snapshot], live: dict[str, tuple[int, float]], *, openmetrics: bool
+    nodes: dict[str, Snapshot], live: dict[str, tuple[str, float, float]], *, openmetrics: bool
 ) -> bytes:
     """The body rendered the obvious way: every sample formatted from scratch."""
     header = openmetrics_header if openmetrics else text_header
@@ -89,7 +91,16 @@ def reference(
         if samples:
             out.append(header(name, families[name]))
             out += [f"{s.name}{format_labels(s.labels)} {format_value(s.value)}\n" for s in samples]
-    for fam, col in ((NODE_UP, 0), (NODE_LAST_SEEN, 1)):
+    # (state, last seen, late after): up, one state series per state, the two times
+    out.append(header(NODE_UP.name, NODE_UP))
+    out += [f'{NODE_UP.name}{{Hostname="{n}"}} {int(live[n][0] == "online")}\n' for n in live]
+    out.append(header(NODE_STATE.name, NODE_STATE))
+    out += [
+        f'{NODE_STATE.name}{{Hostname="{n}",state="{s}"}} {int(live[n][0] == s)}\n'
+        for n in sorted(live)
+        for s in ("online", "stale", "offline")
+    ]
+    for fam, col in ((NODE_LAST_SEEN, 1), (NODE_LATE_AFTER, 2)):
         out.append(header(fam.name, fam))
         out += [
             f'{fam.name}{{Hostname="{n}"}} {format_value(float(live[n][col]))}\n'
@@ -133,7 +144,7 @@ def test_body_is_family_major_and_matches_a_naive_rendering(
     fleet: Fleet,
 ) -> None:
     expo, snaps = fleet.expo, fleet.snaps
-    live = {n: (1, T0) for n in snaps}
+    live = {n: ("online", T0, 3 * 10.0 + 2) for n in sorted(snaps)}
     assert expo.body(openmetrics=False, gzip=False) == reference(snaps, live, openmetrics=False)
     assert expo.body(openmetrics=True, gzip=False) == reference(snaps, live, openmetrics=True)
     body = expo.body(openmetrics=False, gzip=False).decode()
@@ -231,6 +242,10 @@ def test_an_expired_node_keeps_up_and_last_seen(tmp_path: Path) -> None:
     assert body == (
         f"# HELP gpurelay_node_up {NODE_UP.help}\n# TYPE gpurelay_node_up gauge\n"
         'gpurelay_node_up{Hostname="edge-a"} 0\n'
+        f"# HELP {NODE_STATE.name} {NODE_STATE.help}\n# TYPE {NODE_STATE.name} gauge\n"
+        'gpurelay_node_state{Hostname="edge-a",state="online"} 0\n'
+        'gpurelay_node_state{Hostname="edge-a",state="stale"} 0\n'
+        'gpurelay_node_state{Hostname="edge-a",state="offline"} 1\n'
         f"# HELP {NODE_LAST_SEEN.name} {NODE_LAST_SEEN.help}\n# TYPE {NODE_LAST_SEEN.name} gauge\n"
         f'{NODE_LAST_SEEN.name}{{Hostname="edge-a"}} {format_value(T0)}\n'
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cloud_gateway.liveness import LivenessPolicy
 from cloud_gateway.registry import (
     Connected,
     Registry,
@@ -203,20 +204,65 @@ def test_the_naming_rules_are_the_wire_rules(name: str, labels: Labels, code: st
     assert err.value.code == code
 
 
-def test_states_follow_the_agent_interval() -> None:
-    reg = Registry(RegistryConfig(stale_after_intervals=3))
+def test_states_follow_the_agent_interval_plus_a_margin() -> None:
+    reg = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
     conn = reg.connect("n", remote="r", hello=hello("n", interval=10), now=T0)
-    assert reg.states(T0 + 29) == {"n": "online"}  # no batch yet: counted from the connect
-    assert reg.states(T0 + 31) == {"n": "stale"}
+    assert reg.states(T0 + 31.9) == {"n": "online"}  # no batch yet: counted from the connect
+    assert reg.states(T0 + 32.1) == {"n": "stale"}
     reg.declare("n", conn.conn_id, device_series("n"))
     reg.apply("n", conn.conn_id, batch(1, (0, 1.0)), now=T0 + 40, size_bytes=1)
-    assert reg.states(T0 + 69) == {"n": "online"}
-    assert reg.states(T0 + 71) == {"n": "stale"}
-    assert [v.name for v in reg.nodes(T0 + 71, state="stale")] == ["n"]
-    assert reg.liveness()[0].up  # stale still counts as up
-    reg.disconnect("n", conn.conn_id, now=T0 + 72, reason="keepalive timeout")
-    assert reg.states(T0 + 72) == {"n": "offline"}
-    assert not reg.liveness()[0].up
+    # that batch came 30 s late: the margin is now 2 x 30 s
+    assert reg.liveness()[0].late_after == 30 + 60
+    assert reg.states(T0 + 40 + 89) == {"n": "online"}
+    assert reg.states(T0 + 40 + 91) == {"n": "stale"}
+    assert [v.name for v in reg.nodes(T0 + 131, state="stale")] == ["n"]
+    reg.disconnect("n", conn.conn_id, now=T0 + 132, reason="silent")
+    assert reg.states(T0 + 132) == {"n": "offline"}
+    assert reg.liveness()[0].state == "offline" and not reg.liveness()[0].up
+
+
+def test_refresh_publishes_what_time_changed_and_a_batch_makes_a_late_node_online() -> None:
+    reg = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    conn = reg.connect("n", remote="r", hello=hello("n", interval=1), now=T0)
+    reg.declare("n", conn.conn_id, device_series("n"))
+    assert reg.refresh(T0 + 4.9) == [] and reg.liveness()[0].up
+    generation = reg.generation
+    assert reg.refresh(T0 + 5.1) == [("n", "stale")]
+    assert reg.generation > generation  # node_up is re-rendered
+    live = reg.liveness()[0]
+    assert (live.state, live.up) == ("stale", False)
+    assert reg.refresh(T0 + 6) == []  # published once
+    reg.apply("n", conn.conn_id, batch(1, (0, 1.0)), now=T0 + 7, size_bytes=1)
+    assert reg.liveness()[0].state == "online"  # at once, not at the next tick
+
+
+def test_a_lossy_link_earns_a_wider_margin_and_a_regular_one_gets_it_back() -> None:
+    """Issue 13, row 6: on a link losing 20 % of its packets TCP delivers some batches
+    seconds late; after one such batch the node must not turn stale on the next one."""
+    reg = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    conn = reg.connect("n", remote="r", hello=hello("n", interval=1), now=T0)
+    reg.declare("n", conn.conn_id, device_series("n"))
+    t, seq = T0, 0
+    for gap in (1.0, 1.2, 0.8, 2.6, 0.4, 1.0):  # one batch 1.6 s late, retransmitted
+        t, seq = t + gap, seq + 1
+        reg.apply("n", conn.conn_id, batch(seq, (0, float(seq))), now=t, size_bytes=1)
+    assert reg.liveness()[0].late_after == pytest.approx(3 + 2 * 1.6 * 0.98**2)
+    assert reg.states(t + 3.5) == {"n": "online"}  # the 3.5 s gap of the issue
+    assert reg.refresh(t + 3.5) == []
+    for _ in range(200):  # a regular link again: the margin decays back to its floor
+        t, seq = t + 1.0, seq + 1
+        reg.apply("n", conn.conn_id, batch(seq, (0, float(seq))), now=t, size_bytes=1)
+    assert reg.liveness()[0].late_after == pytest.approx(3 + 2)
+    assert reg.silent_after("n") == pytest.approx(6 + 2)
+    reg.disconnect("n", conn.conn_id, now=t, reason="x")
+    assert reg.silent_after("n") is None and reg.liveness()[0].late_after is None
+
+
+def test_liveness_policy_refuses_thresholds_that_make_no_sense() -> None:
+    with pytest.raises(ValueError, match="offline_after_intervals"):
+        LivenessPolicy(stale_after_intervals=3, offline_after_intervals=3)
+    with pytest.raises(ValueError, match="margin"):
+        LivenessPolicy(margin_seconds=-1)
 
 
 def test_expire_drops_series_after_the_grace_but_keeps_the_node() -> None:
@@ -228,7 +274,7 @@ def test_expire_drops_series_after_the_grace_but_keeps_the_node() -> None:
     assert lines(reg) == [] and reg.family_blocks() == []
     view = reg.node("n", now=T0 + 311)
     assert view is not None and view.series_count == 0 and view.state == "offline"
-    assert reg.liveness()[0] == ("n", False, T0)
+    assert reg.liveness()[0] == ("n", "offline", T0, None)
 
 
 def test_reconnect_keeps_values_until_a_full_batch_drops_the_unlisted() -> None:

@@ -1,4 +1,4 @@
-"""Reconnect timing of the agent's tunnel, without a network (issue 13, row 1).
+"""Reconnect timing and liveness of the agent's tunnel, without a network (issue 13).
 
 A gateway kill -9'd and back 5.5 s later saw agents return 12-54 s later: a session that
 was established and then broke counted as one more failed attempt of the *previous*
@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
+import time
 from pathlib import Path
 
 import pytest
 
 from edge_agent.config import TunnelConfig
-from edge_agent.tunnel import SessionEnded, Tunnel, TunnelError
-from gpurelay.wire import Hello
+from edge_agent.dial import PathSilent, dial
+from edge_agent.tunnel import GatewaySilent, SessionEnded, Tunnel, TunnelError, Unanswered
+from gpurelay.wire import Frame, FrameEncoder, Heartbeat, Hello
 from harness.fleet import make_pki
 
 
@@ -95,3 +98,81 @@ async def test_a_session_refused_before_any_ack_keeps_backing_off(tmp_path: Path
 def test_session_ended_is_not_a_retryable_failure() -> None:
     assert not issubclass(SessionEnded, TunnelError | OSError)
     assert asyncio.iscoroutinefunction(Tunnel.run)
+
+
+async def test_a_dial_nobody_answers_is_retried_after_a_short_pause_that_does_not_grow(
+    tmp_path: Path,
+) -> None:
+    """Issue 13, row 5: during a silent link, the backoff grew to 60 s and data resumed
+    long after the link came back. A SYN nobody answered never reached the gateway, so
+    retrying it soon costs the gateway nothing."""
+    random.seed(13)
+    t = tunnel(tmp_path)
+    sleeps: list[float] = []
+
+    async def session(host: str, port: int) -> None:
+        raise Unanswered("no answer within 3s")
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) >= 30:
+            raise Stop
+
+    t._session = session  # type: ignore[method-assign]
+    t.sleep = sleep
+    with pytest.raises(Stop):
+        await t.run()
+    assert max(sleeps) <= 2.0, sleeps  # 2 x backoff_initial_seconds, attempt 30 as attempt 1
+
+
+async def test_dial_tells_a_silent_path_from_a_refusal() -> None:
+    """A listener whose accept queue is full drops SYNs without answering, as a dead
+    uplink does; a closed port answers with a reset at once."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    held = [await dial("127.0.0.1", port, 5.0)]  # fills the accept queue
+    try:
+        started = time.monotonic()
+        with pytest.raises(PathSilent, match=r"no answer from 127\.0\.0\.1"):
+            held.append(await dial("127.0.0.1", port, 0.5))
+        assert time.monotonic() - started < 5.0  # bounded by the dial timeout, not TCP's
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()[1]
+        closed.close()
+        with pytest.raises(ConnectionRefusedError):
+            await dial("127.0.0.1", free, 5.0)
+    finally:
+        for sock in (*held, server):
+            sock.close()
+
+
+class SilentReader:
+    """A channel on which the gateway sends ``frames`` and then nothing."""
+
+    def __init__(self, *frames: Frame) -> None:
+        self.data = [FrameEncoder().encode(f) for f in frames]
+
+    async def read(self, n: int) -> bytes:
+        if self.data:
+            return self.data.pop(0)
+        await asyncio.sleep(3600)
+        return b""
+
+
+async def test_a_gateway_that_sends_nothing_for_the_silence_timeout_is_dropped(
+    tmp_path: Path,
+) -> None:
+    """Issue 13, row 3: the agent held a dead session for 59 s (until SSH keepalives gave
+    up). The gateway sends an ACK or a HEARTBEAT about once an interval; nothing at all
+    for the silence timeout ends the session, as an error the run loop reconnects on."""
+    t = tunnel(tmp_path)
+    reader = SilentReader(Heartbeat(received=0))
+    started = time.monotonic()
+    with pytest.raises(GatewaySilent, match=r"nothing from the gateway for 0\.3s"):
+        await t._receive(reader, 0.3)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 3.0
+    assert t.stats.failures == {"silent": 1}
+    assert t._acked_this_session  # the heartbeat showed the gateway took the session

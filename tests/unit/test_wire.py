@@ -26,12 +26,14 @@ from gpurelay.wire import (
     FrameEncoder,
     FrameType,
     Goodbye,
+    Heartbeat,
     Hello,
     Limits,
     SeriesDecl,
     WireError,
 )
 from gpurelay.wire.frames import CODEC_ERROR_CODES
+from gpurelay.wire.payloads import dump_json, hello_json, parse_hello
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 T0 = 1_790_000_000.0
@@ -627,3 +629,18 @@ def test_arbitrary_json_in_every_json_frame(obj: object) -> None:
         except ValueError:
             return
         feed_all([prefix + raw.frame(ftype, body)])
+
+
+def test_heartbeat_round_trips_and_hello_carries_the_period_only_when_asked() -> None:
+    enc, dec = FrameEncoder(), FrameDecoder()
+    assert dec.feed(enc.encode(Heartbeat(received=2**63 - 1))) == [Heartbeat(received=2**63 - 1)]
+    with pytest.raises(WireError, match="HEARTBEAT seq"):
+        enc.encode(Heartbeat(received=-1))
+    hello = Hello(agent_version="1", node="n", interval_seconds=1.0, heartbeat_seconds=1.0)
+    assert dec.feed(FrameEncoder().encode(hello)) == [hello]
+    # an older agent's HELLO (no heartbeat_seconds) is unchanged, byte for byte
+    assert "heartbeat_seconds" not in hello_json(Hello(agent_version="1", node="n"))
+    for bad in (-1.0, 3601.0):
+        body = dump_json({**hello_json(hello), "heartbeat_seconds": bad})
+        with pytest.raises(WireError, match="heartbeat_seconds"):
+            parse_hello(body)
