@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +33,11 @@ class Pki:
         return certs.issue_node(self.ca.dir, name, **kwargs)  # type: ignore[arg-type]
 
 
-def make_pki(tmp: Path) -> Pki:
+def make_pki(tmp: Path, *, gateway_names: Sequence[str] = ()) -> Pki:
+    """A fleet CA and a gateway certificate for localhost, 127.0.0.1 and ``gateway_names``
+    (e.g. :attr:`harness.netns.Uplink.gateway_host`)."""
     ca = certs.init_ca(tmp / "ca")
-    gw = certs.issue_gateway(ca.dir, "localhost", extra_names=["127.0.0.1"])
+    gw = certs.issue_gateway(ca.dir, "localhost", extra_names=["127.0.0.1", *gateway_names])
     assert gw.private_key is not None
     return Pki(ca=ca, gateway_key=gw.private_key)
 
@@ -46,14 +48,16 @@ def gateway_config(
     ssh_port: int = 0,
     http_port: int = 0,
     siblings: tuple[str, ...] = (),
+    ssh_host: str = "127.0.0.1",
     **registry: float,
 ) -> GatewayConfig:
     """A gateway on loopback (port 0: any free port), trusting the fleet's user CA and
-    accepting the operator token TOKEN; ``siblings``: its ``[ssh] siblings`` rules."""
+    accepting the operator token TOKEN; ``siblings``: its ``[ssh] siblings`` rules;
+    ``ssh_host``: where the SSH listener binds instead of loopback (HTTP stays there)."""
     return GatewayConfig(
         drain_seconds=1.0,
         ssh=SshConfig(
-            listen=f"127.0.0.1:{ssh_port}",
+            listen=f"{ssh_host}:{ssh_port}",
             host_key=pki.gateway_key,
             user_ca=pki.ca.user_ca_pub,
             revocation_file=pki.ca.revocations,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -50,14 +51,25 @@ def gateway_toml(cfg: GatewayConfig) -> str:
 class GatewayProc(Process):
     """The gateway: SSH and HTTP on free loopback ports, the fleet's user CA, the operator
     token ``harness.fleet.TOKEN``; remote write to ``remote_write_url`` (the receiver's base
-    URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``."""
+    URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``.
+    ``ssh_host``: the SSH listener's address instead of loopback (an
+    :class:`harness.netns.Uplink`'s ``gateway_host``; the PKI must name it)."""
 
     def __init__(
-        self, pki: Pki, tmp: Path, remote_write_url: str = "", *, log_level: str = "info"
+        self,
+        pki: Pki,
+        tmp: Path,
+        remote_write_url: str = "",
+        *,
+        log_level: str = "info",
+        ssh_host: str = "127.0.0.1",
     ) -> None:
         self.ssh_port, self.http_port = free_ports(2)
+        self.ssh_host = ssh_host
         self.url = f"http://127.0.0.1:{self.http_port}"
-        cfg = gateway_config(pki, ssh_port=self.ssh_port, http_port=self.http_port)
+        cfg = gateway_config(
+            pki, ssh_port=self.ssh_port, http_port=self.http_port, ssh_host=ssh_host
+        )
         remote_write = cfg.remote_write
         if remote_write_url:
             remote_write = dataclasses.replace(
@@ -84,7 +96,9 @@ class GatewayProc(Process):
 
 class AgentProc(Process):
     """An agent of ``node`` with two simulated GPUs, collecting every second and pushing to
-    ``gateway`` through its spool in ``spool_dir``."""
+    ``gateway`` through its spool in ``spool_dir``. ``prefix`` goes before its argv, e.g.
+    :attr:`harness.netns.Uplink.prefix` to run it in the edge namespace (its local HTTP,
+    ``url`` and :meth:`metric`, is then inside that namespace, out of this one's reach)."""
 
     def __init__(
         self,
@@ -96,6 +110,7 @@ class AgentProc(Process):
         spool_dir: Path,
         replay_rate: float = 50.0,
         max_in_flight: float = 64,
+        prefix: Sequence[str] = (),
     ) -> None:
         creds = pki.node(node)
         (self.port,) = free_ports(1)
@@ -113,7 +128,7 @@ seed = 11
 processes_per_gpu = 2
 
 [gateway]
-address = "127.0.0.1:{gateway.ssh_port}"
+address = "{gateway.ssh_host}:{gateway.ssh_port}"
 known_hosts = "{pki.ca.known_hosts}"
 key = "{creds.private_key}"
 certificate = "{creds.certificate}"
@@ -129,7 +144,7 @@ max_in_flight = {int(max_in_flight)}
         )
         super().__init__(
             f"agent {node}",
-            [sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
+            [*prefix, sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
             tmp / f"agent-{node}.log",
             clean_env("EDGE_AGENT_"),
         )
