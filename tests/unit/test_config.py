@@ -16,6 +16,19 @@ def test_defaults_match_the_design_contract() -> None:
     assert cfg.simulate.gpus == 0
 
 
+def test_liveness_settings_have_defaults_and_come_from_the_environment() -> None:
+    gw = load(None, {}).gateway
+    assert (gw.dial_timeout_seconds, gw.connect_timeout_seconds) == (3.0, 10.0)
+    assert gw.silence_timeout_seconds == 0.0  # automatic: 3 intervals + 5 s
+    assert (gw.keepalive_seconds, gw.keepalive_count_max) == (15.0, 3)
+    env = {
+        "EDGE_AGENT_GATEWAY_SILENCE_TIMEOUT_SECONDS": "45",
+        "EDGE_AGENT_GATEWAY_KEEPALIVE_COUNT_MAX": "5",
+    }
+    gw = load(None, env).gateway
+    assert (gw.silence_timeout_seconds, gw.keepalive_count_max) == (45.0, 5)
+
+
 def test_toml_then_environment_overrides(tmp_path: Path) -> None:
     f = tmp_path / "agent.toml"
     f.write_text(
@@ -47,6 +60,14 @@ def test_toml_then_environment_overrides(tmp_path: Path) -> None:
         ("", {"EDGE_AGENT_LISTN": "1"}, "unknown environment variable EDGE_AGENT_LISTN"),
         ("", {"EDGE_AGENT_SIMULATE_MIG": "maybe"}, "must be a boolean"),
         ("node_name = [\n", {}, "is not valid TOML"),
+        ("[gateway]\ndial_timeout_seconds = 0\n", {}, "gateway.dial_timeout_seconds must be > 0"),
+        ("[gateway]\nsilence_timeout_seconds = -1\n", {}, "silence_timeout_seconds must be >= 0"),
+        ("[gateway]\nkeepalive_count_max = 0\n", {}, "keepalive_count_max >= 1"),
+        (
+            "interval_seconds = 10\n[gateway]\nsilence_timeout_seconds = 10\n",
+            {},
+            "must be more than interval_seconds",
+        ),
     ],
 )
 def test_bad_config_is_a_clear_error(

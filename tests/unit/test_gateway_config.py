@@ -146,3 +146,31 @@ def test_ssh_defences_have_defaults_and_come_from_toml_and_environment(tmp_path:
 def test_a_bad_ssh_defence_is_a_one_line_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(GatewayConfigError, match=message):
         load(None, env)
+
+
+def test_liveness_thresholds_have_defaults_and_come_from_toml_and_environment(
+    tmp_path: Path,
+) -> None:
+    policy = load(None, {}).registry.liveness()
+    assert (policy.stale_after_intervals, policy.offline_after_intervals) == (3.0, 6.0)
+    assert policy.margin_seconds == 2.0
+    path = tmp_path / "gateway.toml"
+    path.write_text("[registry]\nstale_after_intervals = 4\noffline_after_intervals = 10\n")
+    cfg = load(path, {"CLOUD_GATEWAY_REGISTRY_MARGIN_SECONDS": "5"})
+    policy = cfg.registry.liveness()
+    assert (policy.stale_after_intervals, policy.offline_after_intervals) == (4.0, 10.0)
+    assert policy.margin_seconds == 5.0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CLOUD_GATEWAY_REGISTRY_STALE_AFTER_INTERVALS": "0"}, "stale_after_intervals"),
+        ({"CLOUD_GATEWAY_REGISTRY_OFFLINE_AFTER_INTERVALS": "2"}, "offline_after_intervals"),
+        ({"CLOUD_GATEWAY_REGISTRY_MARGIN_SECONDS": "-1"}, "margin_seconds"),
+        ({"CLOUD_GATEWAY_REGISTRY_OFFLINE_GRACE_SECONDS": "-1"}, "offline_grace_seconds"),
+    ],
+)
+def test_a_bad_liveness_threshold_is_a_one_line_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(GatewayConfigError, match=f"registry.*{message}"):
+        load(None, env)
