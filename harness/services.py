@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
-from cloud_gateway.config import GatewayConfig
+from cloud_gateway.config import GatewayConfig, RegistrySection
 from cloud_gateway.config import load as load_gateway_config
 from harness.fleet import Pki, gateway_config
 from harness.ports import free_ports
@@ -53,7 +53,8 @@ class GatewayProc(Process):
     token ``harness.fleet.TOKEN``; remote write to ``remote_write_url`` (the receiver's base
     URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``.
     ``ssh_host``: the SSH listener's address instead of loopback (an
-    :class:`harness.netns.Uplink`'s ``gateway_host``; the PKI must name it)."""
+    :class:`harness.netns.Uplink`'s ``gateway_host``; the PKI must name it); ``registry``:
+    keys of its ``[registry]`` section (liveness thresholds)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class GatewayProc(Process):
         *,
         log_level: str = "info",
         ssh_host: str = "127.0.0.1",
+        registry: Mapping[str, float] | None = None,
     ) -> None:
         self.ssh_port, self.http_port = free_ports(2)
         self.ssh_host = ssh_host
@@ -70,6 +72,8 @@ class GatewayProc(Process):
         cfg = gateway_config(
             pki, ssh_port=self.ssh_port, http_port=self.http_port, ssh_host=ssh_host
         )
+        if registry:
+            cfg = dataclasses.replace(cfg, registry=RegistrySection(**registry))
         remote_write = cfg.remote_write
         if remote_write_url:
             remote_write = dataclasses.replace(

@@ -99,11 +99,17 @@ class Site:
         return report
 
 
-@pytest.fixture
-def site(uplink: Uplink, prometheus_bin: Path, tmp_path: Path) -> Iterator[Site]:
+def make_site(
+    uplink: Uplink,
+    prometheus_bin: Path,
+    tmp_path: Path,
+    registry: dict[str, float] | None = None,
+) -> Iterator[Site]:
     pki = make_pki(tmp_path, gateway_names=[uplink.gateway_host])
     receiver = Receiver(prometheus_bin, tmp_path)
-    gateway = GatewayProc(pki, tmp_path, receiver.url, ssh_host=uplink.gateway_host)
+    gateway = GatewayProc(
+        pki, tmp_path, receiver.url, ssh_host=uplink.gateway_host, registry=registry
+    )
     agent = AgentProc(
         pki, tmp_path, NODE, gateway, spool_dir=tmp_path / "spool", prefix=uplink.prefix
     )
@@ -122,6 +128,11 @@ def site(uplink: Uplink, prometheus_bin: Path, tmp_path: Path) -> Iterator[Site]
     finally:
         for proc in (agent, gateway, receiver):
             proc.stop()
+
+
+@pytest.fixture
+def site(uplink: Uplink, prometheus_bin: Path, tmp_path: Path) -> Iterator[Site]:
+    yield from make_site(uplink, prometheus_bin, tmp_path)
 
 
 @dataclass
@@ -208,4 +219,35 @@ def test_a_lossy_link_is_not_reported_late_and_loses_nothing(site: Site) -> None
     print(summary)
     assert dropped > 10, summary  # the link really was lossy
     assert watch.stale is None and watch.offline is None and watch.down is None, summary
+    site.no_sample_lost(summary)
+
+
+@pytest.fixture
+def patient_site(uplink: Uplink, prometheus_bin: Path, tmp_path: Path) -> Iterator[Site]:
+    """A site whose gateway waits 10 intervals and 4 s of margin before closing a silent
+    connection, 5 intervals before calling the node late."""
+    registry = {"stale_after_intervals": 5, "offline_after_intervals": 10, "margin_seconds": 4}
+    yield from make_site(uplink, prometheus_bin, tmp_path, registry)
+
+
+def test_silence_detection_follows_the_configured_thresholds(patient_site: Site) -> None:
+    """Row 4: detection time is a setting (``[registry]``), in intervals of the node, not
+    a hard-coded 30 s x 3 of SSH keepalives."""
+    site = patient_site
+    time.sleep(2)
+    watch = Watch(time.time())
+    site.uplink.silence()
+    watch.poll(site, watch.started + 16)
+    site.uplink.restore()
+    summary = (
+        f"silent 16 s, [registry] 5 / 10 intervals + 4 s: node_up 0 at +{watch.down}s, "
+        f"stale at +{watch.stale}s, offline at +{watch.offline}s"
+    )
+    print(summary)
+    # 5 x 1 s + 4 s, and 10 x 1 s + 4 s, counted from the last batch before the silence
+    # (up to an interval earlier), seen on the gateway's 1 s tick through 0.25 s polling
+    assert watch.stale is not None and 9.0 - 1.5 <= watch.stale <= 9.0 + 3.0, summary
+    assert watch.offline is not None and 14.0 - 1.5 <= watch.offline <= 14.0 + 3.0, summary
+    assert "the limit is 14.0s" in site.gateway.tail(1000)
+    resumed_within(site, 60)
     site.no_sample_lost(summary)
