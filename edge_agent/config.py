@@ -61,9 +61,9 @@ class TunnelConfig:
     connect_timeout_seconds: float = 10.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
-    # Protocol liveness: the gateway sends an ACK or a HEARTBEAT at least every interval;
-    # with nothing from it for this long the agent drops the session and dials again.
-    # 0: 3 x interval_seconds + 5 s.
+    # Protocol liveness: the gateway sends an ACK or a HEARTBEAT at least every heartbeat
+    # period, min(interval_seconds, 5 s); with nothing from it for this long the agent
+    # drops the session and dials again. 0: 3 x that period + 5 s (20 s at a 10 s interval).
     silence_timeout_seconds: float = 0.0
     # SSH keepalives, the backstop under the protocol's own liveness.
     keepalive_seconds: float = 15.0
@@ -165,6 +165,19 @@ class AgentConfig:
         return split_host_port(self.listen)[1]
 
 
+MAX_HEARTBEAT_SECONDS = 5.0
+
+
+def heartbeat_seconds(interval: float) -> float:
+    """How often the agent asks to hear from the gateway (HELLO ``heartbeat_seconds``)."""
+    return min(interval, MAX_HEARTBEAT_SECONDS)
+
+
+def silence_timeout(cfg: TunnelConfig, interval: float) -> float:
+    """Seconds with nothing from the gateway after which the agent drops the session."""
+    return cfg.silence_timeout_seconds or 3 * heartbeat_seconds(interval) + 5.0
+
+
 def resolve_node_name(configured: str, environ: Mapping[str, str]) -> str:
     """Config, else ``KUBE_NODE_NAME``, else ``NODE_NAME``, else the hostname."""
     for candidate in (configured, environ.get("KUBE_NODE_NAME", ""), environ.get("NODE_NAME", "")):
@@ -215,11 +228,12 @@ def _validate(cfg: AgentConfig) -> None:
             "gateway.silence_timeout_seconds must be >= 0 (0: automatic), "
             "gateway.keepalive_count_max >= 1"
         )
-    if gw.silence_timeout_seconds and gw.silence_timeout_seconds <= cfg.interval_seconds:
+    beat = heartbeat_seconds(cfg.interval_seconds)
+    if gw.silence_timeout_seconds and gw.silence_timeout_seconds <= beat:
         raise ConfigError(
             f"gateway.silence_timeout_seconds ({gw.silence_timeout_seconds:g}) must be more "
-            f"than interval_seconds ({cfg.interval_seconds:g}): the gateway is heard from "
-            "about once an interval"
+            f"than the heartbeat period ({beat:g}s = min(interval_seconds, "
+            f"{MAX_HEARTBEAT_SECONDS:g}s)): the gateway is heard from about that often"
         )
     if gw.address:
         split_host_port(

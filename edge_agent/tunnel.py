@@ -13,9 +13,10 @@ return in the same second, and a new backoff sequence starts. A dial that nobody
 seconds of a silent path returning.
 
 Liveness is the protocol's: the agent asks the gateway in HELLO for a HEARTBEAT whenever
-it has sent nothing (no ACK) for an interval, and drops a session on which nothing at all
-arrived for ``silence_timeout_seconds`` (default 3 intervals + 5 s); SSH keepalives are
-only the backstop. The local HTTP endpoints keep serving whatever happens here.
+it has sent nothing (no ACK) for an interval (5 s at most), and drops a session on which
+nothing at all arrived for ``silence_timeout_seconds`` (default 3 such periods + 5 s: 8 s
+at a 1 s interval, 20 s at 10 s); SSH keepalives are only the backstop. The local HTTP
+endpoints keep serving whatever happens here.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from edge_agent.config import TunnelConfig
+from edge_agent.config import TunnelConfig, heartbeat_seconds, silence_timeout
 from edge_agent.dial import PathSilent, dial
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
@@ -344,8 +345,8 @@ class Tunnel:
         self._dispatch = None
         hello = self._hello()
         interval = hello.interval_seconds
-        hello = replace(hello, heartbeat_seconds=interval)
-        silence = self._cfg.silence_timeout_seconds or 3 * interval + 5.0
+        hello = replace(hello, heartbeat_seconds=heartbeat_seconds(interval))
+        silence = silence_timeout(self._cfg, interval)
         self._write(writer, frames.encode(hello))
         receiver = asyncio.create_task(self._receive(reader, silence))
         sender = asyncio.create_task(self._send_loop(writer, frames))

@@ -19,7 +19,7 @@ def test_defaults_match_the_design_contract() -> None:
 def test_liveness_settings_have_defaults_and_come_from_the_environment() -> None:
     gw = load(None, {}).gateway
     assert (gw.dial_timeout_seconds, gw.connect_timeout_seconds) == (3.0, 10.0)
-    assert gw.silence_timeout_seconds == 0.0  # automatic: 3 intervals + 5 s
+    assert gw.silence_timeout_seconds == 0.0  # automatic: 3 x min(interval, 5 s) + 5 s
     assert (gw.keepalive_seconds, gw.keepalive_count_max) == (15.0, 3)
     env = {
         "EDGE_AGENT_GATEWAY_SILENCE_TIMEOUT_SECONDS": "45",
@@ -64,9 +64,9 @@ def test_toml_then_environment_overrides(tmp_path: Path) -> None:
         ("[gateway]\nsilence_timeout_seconds = -1\n", {}, "silence_timeout_seconds must be >= 0"),
         ("[gateway]\nkeepalive_count_max = 0\n", {}, "keepalive_count_max >= 1"),
         (
-            "interval_seconds = 10\n[gateway]\nsilence_timeout_seconds = 10\n",
+            "interval_seconds = 10\n[gateway]\nsilence_timeout_seconds = 5\n",
             {},
-            "must be more than interval_seconds",
+            "must be more than the heartbeat period (5s = min(interval_seconds, 5s))",
         ),
     ],
 )
