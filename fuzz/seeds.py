@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/, as ben
 from edge_agent.encode import SnapshotEncoder
 from gpurelay.model import Snapshot
 from gpurelay.record import MAGIC, RecordEncoder
-from gpurelay.wire import Ack, ErrorFrame, FrameEncoder, Goodbye, Hello, Replay
+from gpurelay.wire import Ack, ErrorFrame, FrameEncoder, Goodbye, Heartbeat, Hello, Replay
 from harness.pipeline import simulated_snapshots
 
 CONTROLS = (0x00, 0x05, 0x21)  # one chunk; two chunkings
@@ -32,7 +32,13 @@ CONTROLS = (0x00, 0x05, 0x21)  # one chunk; two chunkings
 
 def agent_stream(snapshots: list[Snapshot]) -> bytes:
     frames, snapshot_encoder, records = FrameEncoder(), SnapshotEncoder(), RecordEncoder()
-    out = [frames.encode(Hello(agent_version="0.1.0", node="fuzz-node", backend="simulated"))]
+    out = [
+        frames.encode(
+            Hello(
+                agent_version="0.1.0", node="fuzz-node", backend="simulated", heartbeat_seconds=1.0
+            )
+        )
+    ]
     for i, snapshot in enumerate(snapshots):
         out += [frames.encode(f) for f in snapshot_encoder.frames(snapshot)]
         out.append(frames.encode(Replay(seq=100 + i, record=records.encode(snapshot))))
@@ -46,6 +52,8 @@ def gateway_stream() -> bytes:
         for f in (
             Ack(seq=1),
             Ack(seq=2**40),
+            Heartbeat(received=0),
+            Heartbeat(received=2**40),
             ErrorFrame(code="unknown_series", message="BATCH seq 3 refers to series 9"),
             Goodbye(reason="shutting down"),
         )
