@@ -86,8 +86,9 @@ def _clock_reasons(probe: Probe) -> float:
         return float(probe.call("nvmlDeviceGetCurrentClocksThrottleReasons"))
 
 
-def _violation_us(policy: int) -> Reader:
-    return lambda p: p.call("nvmlDeviceGetViolationStatus", policy).violationTime / 1000.0
+def _violation_ns(policy: int) -> Reader:
+    """Nanoseconds, as NVML's ``violationTime`` counts them and dcgm-exporter documents them."""
+    return lambda p: float(p.call("nvmlDeviceGetViolationStatus", policy).violationTime)
 
 
 def _ecc(error_type: int, counter: int) -> Reader:
@@ -149,19 +150,19 @@ SOURCES: dict[str, FieldSource] = {
     "DCGM_FI_DEV_XID_ERRORS": FieldSource(_xid),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": FieldSource(_clock_reasons),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": FieldSource(_clock_reasons),
-    "DCGM_FI_DEV_POWER_VIOLATION": FieldSource(_violation_us(pynvml.NVML_PERF_POLICY_POWER)),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": FieldSource(_violation_us(pynvml.NVML_PERF_POLICY_THERMAL)),
+    "DCGM_FI_DEV_POWER_VIOLATION": FieldSource(_violation_ns(pynvml.NVML_PERF_POLICY_POWER)),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": FieldSource(_violation_ns(pynvml.NVML_PERF_POLICY_THERMAL)),
     "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": FieldSource(
-        _violation_us(pynvml.NVML_PERF_POLICY_SYNC_BOOST)
+        _violation_ns(pynvml.NVML_PERF_POLICY_SYNC_BOOST)
     ),
     "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": FieldSource(
-        _violation_us(pynvml.NVML_PERF_POLICY_BOARD_LIMIT)
+        _violation_ns(pynvml.NVML_PERF_POLICY_BOARD_LIMIT)
     ),
     "DCGM_FI_DEV_LOW_UTIL_VIOLATION": FieldSource(
-        _violation_us(pynvml.NVML_PERF_POLICY_LOW_UTILIZATION)
+        _violation_ns(pynvml.NVML_PERF_POLICY_LOW_UTILIZATION)
     ),
     "DCGM_FI_DEV_RELIABILITY_VIOLATION": FieldSource(
-        _violation_us(pynvml.NVML_PERF_POLICY_RELIABILITY)
+        _violation_ns(pynvml.NVML_PERF_POLICY_RELIABILITY)
     ),
     "DCGM_FI_DEV_FB_FREE": FieldSource(lambda p: p.memory()[2] // MIB, mig=True),
     "DCGM_FI_DEV_FB_USED": FieldSource(lambda p: p.memory()[3] // MIB, mig=True),
