@@ -370,6 +370,7 @@ ENDPOINTS = (
     "/api/v1/nodes",
     "/api/v1/nodes/{node}",
     "/healthz",
+    "/health",
     "/readyz",
     "/openapi.json",
     "/api/v1/sd",
@@ -387,6 +388,7 @@ def make_app(state: HttpState) -> web.Application:
     app.router.add_get("/api/v1/nodes", list_nodes)
     app.router.add_get("/api/v1/nodes/{node}", get_node)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/health", healthz)  # dcgm-exporter's name for the same probe
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/api/v1/sd", service_discovery)

@@ -101,6 +101,7 @@ OPENAPI: dict[str, Any] = {
             }
         },
         "/healthz": {"get": {"summary": "Process is alive", "responses": {"200": _TEXT}}},
+        "/health": {"get": {"summary": "Process is alive", "responses": {"200": _TEXT}}},
         "/readyz": {
             "get": {
                 "summary": "Listeners are bound and the gateway is not shutting down",

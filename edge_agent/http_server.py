@@ -1,12 +1,13 @@
-"""The agent's local HTTP endpoints: ``/metrics``, ``/v1/collect``, ``/healthz``.
+"""The agent's local HTTP endpoints: ``/metrics``, ``/v1/collect``, ``/healthz`` (and
+``/health``, its alias for probes written for dcgm-exporter).
 
 Handlers only read the latest published snapshot; they never call NVML, so a slow or
 hung GPU cannot make a scrape hang. Rendered bodies are cached per snapshot.
 
 With ``web_config_file`` (the Prometheus web-config file, :mod:`gpurelay.web_config`) the
-listener speaks TLS and/or asks for basic auth on every path but ``/healthz`` (kubelet
-probes), as node_exporter does. The tunnel then reaches the exporter on a second, plain
-listener on loopback without basic auth (see :class:`Listening`).
+listener speaks TLS and/or asks for basic auth on every path but the probes (kubelet), as
+node_exporter does. The tunnel then reaches the exporter on a second, plain listener on
+loopback without basic auth (see :class:`Listening`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class LatestSnapshot:
 
 LATEST: web.AppKey[LatestSnapshot] = web.AppKey("latest", LatestSnapshot)
 BASIC: web.AppKey[BasicAuth] = web.AppKey("basic_auth", BasicAuth)
-OPEN_PATHS = frozenset({"/healthz"})
+HEALTH_PATHS = ("/healthz", "/health")  # /health: dcgm-exporter's name for the same probe
+OPEN_PATHS = frozenset(HEALTH_PATHS)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -125,7 +127,8 @@ def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> web.A
         app[BASIC] = users
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/collect", bie_collect)
-    app.router.add_get("/healthz", healthz)
+    for path in HEALTH_PATHS:
+        app.router.add_get(path, healthz)
     return app
 
 

@@ -41,6 +41,7 @@ ROUTES = {
     "/api/v1/nodes/{node}",
     "/api/v1/sd",
     "/healthz",
+    "/health",
     "/readyz",
     "/openapi.json",
     "/proxy/{node}/{port}/{path}",
