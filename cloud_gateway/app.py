@@ -85,6 +85,7 @@ class Gateway:
                 liveness=cfg.registry.liveness(),
                 offline_grace=cfg.registry.offline_grace_seconds,
                 max_series_per_node=cfg.ssh.max_series_per_node,
+                node_label=cfg.registry.node_label,
             )
         )
         self.exposition = Exposition(self.registry)

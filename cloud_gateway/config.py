@@ -17,6 +17,7 @@ from cloud_gateway.endpoints import parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.liveness import LivenessPolicy
 from cloud_gateway.remote_write import RemoteWriteConfig
+from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
 
@@ -119,6 +120,11 @@ class RegistrySection:
     offline_after_intervals: float = 6.0
     margin_seconds: float = 2.0
     offline_grace_seconds: float = 300.0
+    # The label naming the node on device series and on gpurelay_node_*: "Hostname"
+    # (dcgm-exporter up to 4.8) or "hostname" (its next release, PR #655). Stamped from
+    # the node's certificate whatever the agent sent; an agent's other spelling is
+    # renamed (cloud_gateway.node_labels). Prometheus relabelling: deploy/prometheus.
+    node_label: str = "Hostname"
 
     def liveness(self) -> LivenessPolicy:
         try:
@@ -169,6 +175,11 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     cfg.registry.liveness()  # the thresholds make sense together
     if cfg.registry.offline_grace_seconds < 0:
         raise GatewayConfigError("registry.offline_grace_seconds must be >= 0")
+    if cfg.registry.node_label not in NODE_LABEL_NAMES:
+        raise GatewayConfigError(
+            f"registry.node_label must be one of {', '.join(NODE_LABEL_NAMES)}, "
+            f"not {cfg.registry.node_label!r}"
+        )
     check_ssh(cfg.ssh)
     check_remote_write(cfg.remote_write)
     return cfg

@@ -9,8 +9,9 @@ blocks are made by :data:`TEXT_LINES`, this stage's :class:`~cloud_gateway.regis
 the registry stores them, this module decides what they look like. Then come the
 per-node families ``gpurelay_node_up``, ``gpurelay_node_state``,
 ``gpurelay_node_last_seen_timestamp_seconds`` and ``gpurelay_node_late_after_seconds``
-(which outlive a node's expired device series; see :mod:`cloud_gateway.liveness`) and
-the gateway's own families.
+(which outlive a node's expired device series; see :mod:`cloud_gateway.liveness`; the
+node in the registry's ``node_label``, as on device series) and the gateway's own
+families.
 
 A body, its gzip and its OpenMetrics variant are each built at most once per generation
 and returned as the same ``bytes`` object to every scraper until something changes.
@@ -216,7 +217,7 @@ class Exposition:
         for live in self.registry.liveness():
             hit = cache.get(live.name)
             if hit is None or hit[0] != live:
-                hit = cache[live.name] = (live, _node_lines(live))
+                hit = cache[live.name] = (live, _node_lines(live, self.registry.config.node_label))
             for column, line in zip(columns, hit[1], strict=True):
                 if line:
                     column.append(line)
@@ -227,11 +228,13 @@ class Exposition:
         return parts
 
 
-def _node_lines(live: Liveness) -> tuple[bytes, bytes, bytes, bytes]:
-    labels = format_labels((("Hostname", live.name),))
+def _node_lines(live: Liveness, node_label: str) -> tuple[bytes, bytes, bytes, bytes]:
+    """One node's lines, the node named by the registry's ``node_label`` as on its
+    device series (``Hostname`` or ``hostname``)."""
+    labels = format_labels(((node_label, live.name),))
     up = f"{NODE_UP.name}{labels} {int(live.up)}\n".encode()
     state = "".join(
-        f"{NODE_STATE.name}{format_labels((('Hostname', live.name), ('state', s)))} "
+        f"{NODE_STATE.name}{format_labels(((node_label, live.name), ('state', s)))} "
         f"{int(live.state == s)}\n"
         for s in STATES
     ).encode()

@@ -414,7 +414,8 @@ class NodeSession:
             self._ingest.stats.rejected_series[refusal.code] += 1
             self.log.warning("replayed series %r left out: %s", name, refusal.message)
             return None
-        return (("__name__", name), *stamp_node(labels, self.node))
+        node_label = self._ingest.registry.config.node_label
+        return (("__name__", name), *stamp_node(labels, self.node, node_label))
 
     def closed(self, reason: str) -> None:
         ingest = self._ingest

@@ -3,7 +3,8 @@
 Pure: no sockets, no clocks (every method that needs the time takes ``now``), no logging.
 The SSH server calls it as frames arrive; the exposition and the HTTP API read it.
 
-Node stamping happens once, when a series is declared (validation happened before, in
+Node stamping (:mod:`cloud_gateway.node_labels`, with ``RegistryConfig.node_label``)
+happens once, when a series is declared (validation happened before, in
 the wire decoder: :mod:`gpurelay.wire.rules`; the registry adds only the gateway's own
 policy, reserved name prefixes and family types). Each series keeps its exposition line,
 made by the :class:`LineFormat` the registry is given (the text format lives in
@@ -31,10 +32,10 @@ from bisect import insort
 
 from cloud_gateway import series_policy as policy
 from cloud_gateway.liveness import Arrivals
+from cloud_gateway.node_labels import NODE_LABELS, stamp_node
 from cloud_gateway.registry_records import FamilyState, Group, NodeRecord, SeriesRecord
 from cloud_gateway.registry_types import (
     FB_FAMILIES,
-    NODE_LABELS,
     Applied,
     Connected,
     Declared,
@@ -69,14 +70,6 @@ __all__ = [
     "StaleConnection",
     "stamp_node",
 ]
-
-
-def stamp_node(labels: Labels, node: str) -> Labels:
-    """Set ``NodeName``/``Hostname`` to the authenticated node; add ``Hostname`` if neither."""
-    stamped = tuple((k, node) if k in NODE_LABELS else (k, v) for k, v in labels)
-    if any(k in NODE_LABELS for k, _ in labels):
-        return stamped
-    return (*stamped, ("Hostname", node))
 
 
 class Registry:
@@ -376,7 +369,7 @@ class Registry:
                 f"family {sd.name} is a {fs.family.type} (first declared by node "
                 f"{fs.first_node!r}); this series declares it a {sd.type}",
             )
-        labels = stamp_node(sd.labels, n.name)
+        labels = stamp_node(sd.labels, n.name, self.config.node_label)
         identity = policy.identity(sd.name, labels)
         s = n.series.get(identity)
         if s is not None:  # a record from an earlier connection (or a duplicate)

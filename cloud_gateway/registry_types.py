@@ -13,7 +13,6 @@ from gpurelay.model import GpuInventory, Labels
 
 NodeState = Literal["online", "stale", "offline"]
 FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
-NODE_LABELS = ("NodeName", "Hostname")  # ACK series carry NodeName, device series Hostname
 
 
 class LineFormat(Protocol):
@@ -36,6 +35,10 @@ class RegistryConfig:
     recent_errors: int = 20
     reserved_prefixes: tuple[str, ...] = ("gpurelay_node_", "gpurelay_gateway_")
     tracked_families: frozenset[str] = FB_FAMILIES  # for :meth:`Registry.latest`
+    # The host label the gateway stamps (and its own gpurelay_node_* families carry):
+    # "Hostname" (dcgm-exporter up to 4.8) or "hostname" (from its PR #655 on); see
+    # cloud_gateway.node_labels.
+    node_label: str = "Hostname"
 
 
 class RegistryError(Exception):

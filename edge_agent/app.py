@@ -140,10 +140,13 @@ def build_pipeline(
         cache_ttl=a.cache_ttl_seconds,
         api_timeout=a.api_timeout_seconds,
     )
-    device = DeviceCollector(lib, devices, counters, node=node, driver_version=driver, xid=xid)
+    device = DeviceCollector(
+        lib, devices, counters, node=node, driver_version=driver, xid=xid, node_label=cfg.node_label
+    )
     process = ProcessCollector(lib, devices, attributor, node=node)
     collection = Collector(
         node=node,
+        node_label=cfg.node_label,
         backend=backend,
         device=device,
         process=process,

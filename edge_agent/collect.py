@@ -77,6 +77,7 @@ class Collector:
         self,
         *,
         node: str,
+        node_label: str = "Hostname",
         backend: str,
         device: DeviceCollector,
         process: ProcessCollector | None,
@@ -86,6 +87,7 @@ class Collector:
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._node = node
+        self._node_label = node_label
         self._backend = backend
         self._device = device
         self._process = process
@@ -165,7 +167,7 @@ class Collector:
             sink.declare(fam)
         sink.add(
             "gpurelay_agent_info",
-            (("version", __version__), ("backend", self._backend), ("Hostname", self._node)),
+            (("version", __version__), ("backend", self._backend), (self._node_label, self._node)),
             1.0,
         )
         for name, (ok, seconds) in self._status.items():

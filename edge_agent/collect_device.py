@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pynvml
@@ -45,11 +45,16 @@ class DeviceCollector:
         node: str,
         driver_version: str,
         xid: XidWatcher | None = None,
+        node_label: str = "Hostname",
     ) -> None:
         self._lib = lib
         self._devices = list(devices)
         self._node = node
+        self._node_label = node_label  # Hostname or hostname (AgentConfig.node_label)
         self._xid = xid
+        # Pod labels of a GPU or MIG instance (uuid, GPU instance id): the app sets this to
+        # PodDevices.device_labels on a Kubernetes node (edge_agent.attribute.pod_resources).
+        self.pod_labels: Callable[[str, int | None], Labels] = lambda _uuid, _gi: ()
         self.unsupported: dict[str, str] = {}
         self.errors: Counter[tuple[str, str]] = Counter()
         self._skip: set[tuple[str, str]] = set()  # (gpu uuid, field) NOT_SUPPORTED there
@@ -92,7 +97,8 @@ class DeviceCollector:
             ("device", f"nvidia{dev.minor}"),
             ("modelName", dev.name),
             ("pci_bus_id", dev.pci_bus_id),
-            ("Hostname", self._node),
+            (self._node_label, self._node),
+            ("NodeName", self._node),  # as ACK's exporter: its adapter rules group by it
             ("DCGM_FI_DRIVER_VERSION", driver),
         ]
         labels += [(f, extra[f]) for f in label_fields if f != "DCGM_FI_DRIVER_VERSION"]
@@ -111,15 +117,17 @@ class DeviceCollector:
         xid = self._xid.last(dev.uuid) if self._xid else None
         probe = Probe(self._lib, dev.handle, xid)
         base = self._base[dev.uuid]
+        gpu_labels = (*base, *self.pod_labels(dev.uuid, None))
         healthy = True
         try:
             if not dev.mig_enabled:
-                self._read_fields(dev, probe, base, sink, mig=False)
+                self._read_fields(dev, probe, gpu_labels, sink, mig=False)
             else:
-                self._read_fields(dev, probe, base, sink, mig=False)
+                self._read_fields(dev, probe, gpu_labels, sink, mig=False)
                 for inst in dev.mig:
                     labels = (
                         *base,
+                        *self.pod_labels(dev.uuid, inst.gpu_instance_id),
                         ("GPU_I_PROFILE", inst.profile),
                         ("GPU_I_ID", str(inst.gpu_instance_id)),
                     )

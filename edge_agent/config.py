@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
+from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
 
@@ -32,6 +33,9 @@ class SimulateConfig:
     # Write a fake /proc and kubelet log tree for the simulated processes, so that
     # attribution to pods and containers runs for real (see edge_agent.simhost).
     fake_host: bool = True
+    # Serve the fake host's pods through a real pod-resources gRPC server in its directory:
+    # "nvidia" (nvidia.com/gpu, MIG, time-slicing replicas) or "gpushare" (aliyun.com/gpu-mem).
+    pod_resources: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +49,15 @@ class AttributionConfig:
     )
     cache_ttl_seconds: float = 60.0
     api_timeout_seconds: float = 1.0
+    # The kubelet's pod-resources API (edge_agent.attribute.pod_resources): pod labels on
+    # the device series of allocated GPUs, ACK's allocation metrics. None/"" turns it off.
+    pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    pod_resources_ttl_seconds: float = 10.0
+    pod_resources_timeout_seconds: float = 1.0
+    gpu_resource_names: tuple[str, ...] = ()  # besides nvidia.com/gpu and nvidia.com/mig-*
+    gpu_memory_resource_names: tuple[str, ...] = ("aliyun.com/gpu-mem",)
+    gpu_memory_unit: str = "GiB"  # one unit of those: "GiB" or "MiB" (gpushare --memory-unit)
+    old_pod_label_names: bool = False  # pod_name, pod_namespace, container_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +142,11 @@ class PublishConfig:
 @dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     node_name: str = ""
+    # The label naming the node on device series and gpurelay_agent_info: "Hostname"
+    # (dcgm-exporter up to 4.8) or "hostname" (its next release, PR #655). ACK series
+    # carry NodeName, and device series NodeName as well. Behind a gateway, the gateway's
+    # [registry] node_label decides what it publishes.
+    node_label: str = "Hostname"
     domain: str = ""  # network domain reported to the gateway (default: the node name)
     listen: str = "127.0.0.1:9400"
     interval_seconds: float = 10.0
@@ -197,6 +215,27 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     return cfg
 
 
+SIMULATED_POD_RESOURCES = ("", "nvidia", "gpushare")
+GPU_MEMORY_UNITS_MIB = {"GiB": 1024, "MiB": 1}
+
+
+def _validate_pod_resources(cfg: AgentConfig) -> None:
+    a = cfg.attribution
+    if a.gpu_memory_unit not in GPU_MEMORY_UNITS_MIB:
+        raise ConfigError(
+            f"attribution.gpu_memory_unit must be GiB or MiB, not {a.gpu_memory_unit!r}"
+        )
+    if not (a.pod_resources_ttl_seconds > 0 and a.pod_resources_timeout_seconds > 0):
+        raise ConfigError(
+            "attribution.pod_resources_ttl_seconds and pod_resources_timeout_seconds must be > 0"
+        )
+    if cfg.simulate.pod_resources not in SIMULATED_POD_RESOURCES:
+        raise ConfigError(
+            "simulate.pod_resources must be empty, nvidia or gpushare, "
+            f"not {cfg.simulate.pod_resources!r}"
+        )
+
+
 def _validate(cfg: AgentConfig) -> None:
     split_host_port(cfg.listen)
     cfg.web_config()  # a bad file is an error at load, not at the first scrape
@@ -204,6 +243,11 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("interval_seconds and process_interval_seconds must be > 0")
     if cfg.simulate.gpus < 0 or cfg.simulate.gpus > 64:
         raise ConfigError("simulate.gpus must be between 0 and 64")
+    _validate_pod_resources(cfg)
+    if cfg.node_label not in NODE_LABEL_NAMES:
+        raise ConfigError(
+            f"node_label must be one of {', '.join(NODE_LABEL_NAMES)}, not {cfg.node_label!r}"
+        )
     if cfg.log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("log_level must be one of debug, info, warning, error")
     sp = cfg.spool

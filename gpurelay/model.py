@@ -14,6 +14,9 @@ MIB = 1024 * 1024  # dcgm-exporter reports framebuffer memory in MiB
 MetricType = Literal["gauge", "counter"]
 Labels = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, Labels]  # (metric name, labels): one series of one node
+# The label that names the node on device series: dcgm-exporter's `Hostname`, and
+# `hostname` from its PR #655 on (both binaries' `node_label` setting takes one of these).
+NODE_LABEL_NAMES = ("Hostname", "hostname")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -42,10 +42,11 @@ def test_device_labels_follow_dcgm_exporter(tmp_path: Path) -> None:
         "modelName",
         "pci_bus_id",
         "Hostname",
+        "NodeName",
         "DCGM_FI_DRIVER_VERSION",
     ]
     assert gpu1["device"] == "nvidia1"
-    assert gpu1["Hostname"] == "edge-node-1"
+    assert gpu1["Hostname"] == gpu1["NodeName"] == "edge-node-1"  # NodeName: as ACK's
     assert gpu1["UUID"].startswith("GPU-")
     assert 0 <= (value(snap, "DCGM_FI_DEV_GPU_UTIL", gpu="1") or -1) <= 100
     power = value(snap, "DCGM_FI_DEV_POWER_USAGE", gpu="0")

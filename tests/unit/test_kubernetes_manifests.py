@@ -586,8 +586,8 @@ def test_service_monitor_copies_the_node_name_as_unified_yml_does() -> None:
     assert endpoint["honorLabels"] is job["honor_labels"] is True
     (ours,) = endpoint["metricRelabelings"]
     (theirs,) = job["metric_relabel_configs"]
-    assert ours["sourceLabels"] == theirs["source_labels"] == ["Hostname", "NodeName"]
-    assert ours["regex"] == theirs["regex"] == "(.+);.*|;(.+)"
+    assert ours["sourceLabels"] == theirs["source_labels"] == ["Hostname", "hostname", "NodeName"]
+    assert ours["regex"] == theirs["regex"] == ";*([^;]+).*"
     assert ours["replacement"] == theirs["replacement"]
     assert ours["targetLabel"] == theirs["target_label"] == "instance"
     assert ours.get("action", "replace") == theirs.get("action", "replace")
