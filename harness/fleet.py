@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from aiohttp import web
@@ -49,7 +50,7 @@ def gateway_config(
     http_port: int = 0,
     siblings: tuple[str, ...] = (),
     ssh_host: str = "127.0.0.1",
-    **registry: float,
+    **registry: Any,  # [registry] keys: floats, and node_label
 ) -> GatewayConfig:
     """A gateway on loopback (port 0: any free port), trusting the fleet's user CA and
     accepting the operator token TOKEN; ``siblings``: its ``[ssh] siblings`` rules;

@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -64,7 +65,7 @@ class GatewayProc(Process):
         *,
         log_level: str = "info",
         ssh_host: str = "127.0.0.1",
-        registry: Mapping[str, float] | None = None,
+        registry: Mapping[str, Any] | None = None,
     ) -> None:
         self.ssh_port, self.http_port = free_ports(2)
         self.ssh_host = ssh_host
