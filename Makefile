@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LINTED := gpurelay edge_agent cloud_gateway harness tests bench deploy fuzz
 
-.PHONY: test lint typecheck unit demo bench fuzz constraints clean
+.PHONY: test lint typecheck unit demo bench fuzz constraints protos clean
 
 # The versions come from constraints.txt; a package it does not pin fails the build (a new
 # dependency in pyproject.toml needs `make constraints`).
@@ -50,6 +50,11 @@ bench: $(STAMP)
 FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
 	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
+
+# The kubelet pod-resources stubs (edge_agent/podresources/api_pb2*.py) from api.proto;
+# tests/unit/test_podresources_protos.py fails when the committed ones are stale.
+protos: $(STAMP)
+	$(BIN)/python -m harness.protos
 
 # Re-resolve pyproject.toml's dependencies and test extra (the newest versions its bounds
 # allow) in a throwaway venv, and pin what that installed. Review the diff, then make test.

@@ -17,23 +17,25 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from edge_agent import __version__, http_server
 from edge_agent.attribute import Attributor
+from edge_agent.attribute.pod_resources import PodDevices
 from edge_agent.catalog import load_counters
 from edge_agent.collect import Collector
+from edge_agent.collect_alloc import AllocationCollector
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
-from edge_agent.config import AgentConfig, resolve_node_name
+from edge_agent.config import GPU_MEMORY_UNITS_MIB, AgentConfig, resolve_node_name
 from edge_agent.errors import AgentError, NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
-from edge_agent.nvml.devices import enumerate_gpus
+from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.outbox import Outbox
 from edge_agent.spool import Spool, SpoolLimits
 from edge_agent.tunnel import PublishedEndpoint, Tunnel
@@ -62,10 +64,14 @@ class Pipeline:
     attributor: Attributor
     driver_version: str = ""
     scratch: tempfile.TemporaryDirectory[str] | None = None
+    on_close: list[Callable[[], None]] = field(default_factory=list)  # last first
 
     def close(self) -> None:
         self.xid.stop()
         self.attributor.close()
+        for close in reversed(self.on_close):
+            with suppress(Exception):
+                close()
         with suppress(Exception):
             self.lib.nvmlShutdown()
         if self.scratch is not None:
@@ -78,6 +84,7 @@ class Backend:
     name: str
     cfg: AgentConfig  # with attribution paths pointed at the fake host when simulating
     scratch: tempfile.TemporaryDirectory[str] | None = None
+    on_close: list[Callable[[], None]] = field(default_factory=list)  # the simulated kubelet
 
 
 def open_backend(cfg: AgentConfig) -> Backend:
@@ -103,6 +110,11 @@ def open_backend(cfg: AgentConfig) -> Backend:
         pids=pids,
     )
     sim.nvmlInit()
+    stop_kubelet = None
+    if sim_cfg.fake_host:
+        from edge_agent import simkubelet
+
+        cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
     mig = ", MIG on GPU 0" if sim_cfg.mig else ""
     print(
         SIMULATION_BANNER.format(n=sim_cfg.gpus, seed=sim_cfg.seed, mig=mig),
@@ -111,7 +123,7 @@ def open_backend(cfg: AgentConfig) -> Backend:
     )
     if scratch is not None:
         log.info("simulated processes live in a fake host tree at %s", scratch.name)
-    return Backend(sim, "simulated", cfg, scratch)
+    return Backend(sim, "simulated", cfg, scratch, [stop_kubelet] if stop_kubelet else [])
 
 
 def build_pipeline(
@@ -144,6 +156,9 @@ def build_pipeline(
         lib, devices, counters, node=node, driver_version=driver, xid=xid, node_label=cfg.node_label
     )
     process = ProcessCollector(lib, devices, attributor, node=node)
+    pods, alloc = _pod_resources(cfg, lib, devices, node, lambda: process.pod_gpus)
+    if pods is not None:
+        device.pod_labels = pods.device_labels
     collection = Collector(
         node=node,
         node_label=cfg.node_label,
@@ -154,6 +169,7 @@ def build_pipeline(
         process_interval=cfg.process_interval_seconds,
         clock=clock,
         timer=timer,
+        alloc=alloc,
     )
     log.info(
         "node %s: %d GPU(s) via %s, driver %s: %s",
@@ -163,7 +179,37 @@ def build_pipeline(
         driver,
         ", ".join(f"{d.index}={d.name}{' (MIG)' if d.mig else ''}" for d in devices) or "none",
     )
-    return Pipeline(node, backend, lib, collection, xid, attributor, driver, backend_.scratch)
+    on_close = [*backend_.on_close, *([pods.close] if pods is not None else [])]
+    return Pipeline(
+        node, backend, lib, collection, xid, attributor, driver, backend_.scratch, on_close
+    )
+
+
+def _pod_resources(
+    cfg: AgentConfig,
+    lib: NvmlLib,
+    devices: list[GpuDevice],
+    node: str,
+    pod_gpus: Callable[[], Mapping[tuple[str, str, str], set[str]]],
+) -> tuple[PodDevices | None, AllocationCollector | None]:
+    """The kubelet's pod-resources (pod labels, ACK allocation metrics), unless turned off."""
+    a = cfg.attribution
+    if a.pod_resources_socket is None:
+        return None, None
+    pods = PodDevices(
+        a.pod_resources_socket,
+        devices,
+        ttl=a.pod_resources_ttl_seconds,
+        timeout=a.pod_resources_timeout_seconds,
+        gpu_resources=a.gpu_resource_names,
+        memory_resources=a.gpu_memory_resource_names,
+        old_label_names=a.old_pod_label_names,
+    )
+    unit = GPU_MEMORY_UNITS_MIB[a.gpu_memory_unit]
+    alloc = AllocationCollector(
+        lib, devices, pods, node=node, memory_unit_mib=unit, pod_gpus=pod_gpus
+    )
+    return pods, alloc
 
 
 class Agent:

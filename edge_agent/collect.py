@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from edge_agent import __version__
+from edge_agent.collect_alloc import AllocationCollector
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from gpurelay.model import Family, GpuInventory, SampleSink, Snapshot
@@ -85,7 +86,9 @@ class Collector:
         process_interval: float = 0.0,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
+        alloc: AllocationCollector | None = None,
     ) -> None:
+        self._alloc = alloc
         self._node = node
         self._node_label = node_label
         self._backend = backend
@@ -109,6 +112,7 @@ class Collector:
         if self._cycles == 0:
             self._report_unsupported()
         self._run_process(sink)
+        self._run_alloc(sink)
         self._cycles += 1
         now = self._clock()
         self._self_metrics(sink, gpus, now)
@@ -161,6 +165,21 @@ class Collector:
             self._status["process"] = (ok, self._timer() - start)
             self._process_sink = part
         sink.extend(self._process_sink)
+
+    def _run_alloc(self, sink: SampleSink) -> None:
+        """ACK's allocation metrics, once the kubelet's pod-resources socket was seen."""
+        if self._alloc is None or not self._alloc.active:
+            return
+        start = self._timer()
+        part = SampleSink()
+        try:
+            self._alloc.collect(part)
+            ok = True
+        except Exception:
+            log.exception("allocation collector failed")
+            ok = False
+        self._status["alloc"] = (ok, self._timer() - start)
+        sink.extend(part)
 
     def _self_metrics(self, sink: SampleSink, gpus: list[GpuInventory], now: float) -> None:
         for fam in SELF_FAMILIES:

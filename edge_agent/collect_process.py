@@ -105,6 +105,9 @@ class ProcessCollector:
         self._util_supported: dict[str, bool] = {}
         self.errors: Counter[str] = Counter()
         self.families = PROCESS_FAMILIES
+        # (namespace, pod, container) -> UUIDs of the GPUs its processes ran on in the last
+        # pass (edge_agent.collect_alloc: which GPU a GPU-memory request landed on)
+        self.pod_gpus: dict[tuple[str, str, str], set[str]] = {}
 
     @staticmethod
     def _iter_targets(devices: Sequence[GpuDevice]) -> Iterator[_Target]:
@@ -119,6 +122,7 @@ class ProcessCollector:
         for fam in self.families:
             sink.declare(fam)
         containers: dict[tuple[Labels, str], list[float]] = {}
+        self.pod_gpus = {}
         for target in self._targets:
             try:
                 procs = self._processes(target.handle)
@@ -226,6 +230,9 @@ class ProcessCollector:
                 labels,
                 float(util.decUtil) if util is not None else 0.0,
             )
+        if a.pod_name:
+            key = (a.namespace, a.pod_name, a.k8s_container)
+            self.pod_gpus.setdefault(key, set()).add(dev.uuid)
         if not a.container_id:
             return  # host process: no container to sum into
         acc = containers.setdefault((owner, a.container_id), [0.0, -1.0, 0.0])

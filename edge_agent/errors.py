@@ -21,3 +21,12 @@ class CountersFileError(ConfigError):
 
 class NvmlUnavailable(AgentError):
     """NVML cannot be used on this machine (no driver, no library, no permission)."""
+
+
+class PodResourcesError(AgentError):
+    """The kubelet's pod-resources API did not answer ``List``; ``reason`` is a short token
+    for the error counter (``unavailable``, ``deadline_exceeded``, …)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

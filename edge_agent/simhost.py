@@ -10,8 +10,8 @@ whole attribution path runs for real in the demo, tests and benchmarks. Only use
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edge_agent.config import AttributionConfig
@@ -31,16 +31,20 @@ class FakeHost:
     container_log_dir: Path
     pod_log_dir: Path
     pids: tuple[int, ...]
+    # pid -> (namespace, pod, container) of the processes that run in Kubernetes pods
+    pods: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
 
 
 def attribution_config(host: FakeHost, base: AttributionConfig) -> AttributionConfig:
-    """``base`` pointed at the fake tree (and at no container runtime socket)."""
+    """``base`` pointed at the fake tree (and at no container runtime socket, and no
+    kubelet: :mod:`edge_agent.simkubelet` can add one)."""
     return replace(
         base,
         proc_root=host.proc_root,
         container_log_dir=host.container_log_dir,
         pod_log_dir=host.pod_log_dir,
         runtime_sockets=(),
+        pod_resources_socket=None,
     )
 
 
@@ -62,6 +66,7 @@ def build(root: Path, pids: Sequence[int], seed: int = 0) -> FakeHost:
     proc = root / "proc"
     logs = root / "var" / "log" / "containers"
     pods = root / "var" / "log" / "pods"
+    in_pods: dict[int, tuple[str, str, str]] = {}
     for d in (proc, logs, pods):
         d.mkdir(parents=True, exist_ok=True)
     (root / "README").write_text(
@@ -86,6 +91,7 @@ def build(root: Path, pids: Sequence[int], seed: int = 0) -> FakeHost:
             cdir = pods / f"{namespace}_{pod}_{uid}" / container
             cdir.mkdir(parents=True, exist_ok=True)
             comm = "python3" if kind == 0 else "tritonserver"
+            in_pods[pid] = (namespace, pod, container)
         elif kind == 2:
             cgroup = "".join(
                 f"{n}:{c}:/docker/{cid}\n"
@@ -103,4 +109,5 @@ def build(root: Path, pids: Sequence[int], seed: int = 0) -> FakeHost:
         container_log_dir=logs,
         pod_log_dir=pods,
         pids=tuple(pids),
+        pods=in_pods,
     )

@@ -13,6 +13,7 @@ fixtures and skip logic stay in ``tests/conftest.py``.
 - :mod:`harness.prometheus`: a real Prometheus remote-write receiver; the completeness check
 - :mod:`harness.fleet`: a throwaway fleet PKI; gateways and agents run in this process
 - :mod:`harness.pipeline`: the agent's pipeline over the NVML simulator, with a fixed clock
+- :mod:`harness.protos`: the pod-resources gRPC stubs from their ``.proto`` (``make protos``)
 - :mod:`harness.netns`: a real uplink: the agent in its own network namespace behind a
   router namespace that can make the link silent or lossy (root, iproute2, iptables)
 """
