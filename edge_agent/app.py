@@ -72,6 +72,7 @@ class Pipeline:
         for close in reversed(self.on_close):
             with suppress(Exception):
                 close()
+        self.collection.close()
         with suppress(Exception):
             self.lib.nvmlShutdown()
         if self.scratch is not None:

@@ -127,6 +127,10 @@ class Collector:
     def set_process_interval(self, seconds: float) -> None:
         self._process_interval = seconds
 
+    def close(self) -> None:
+        """Free what the collectors hold in NVML (GPM samples); before nvmlShutdown."""
+        self._device.close()
+
     def _report_unsupported(self) -> None:
         """Once, after the first device pass: the fields this node cannot supply."""
         self.unsupported = self._device.report_unsupported()

@@ -2,7 +2,9 @@
 
 Which fields are read is decided by the counters CSV; where each comes from is
 :mod:`edge_agent.fields`. A field that fails degrades that one series; a GPU that is
-lost degrades that GPU; neither stops the cycle.
+lost degrades that GPU; neither stops the cycle. The profiling fields come from NVML GPM
+(:mod:`edge_agent.nvml.gpm`) on GPUs that have it; where no GPU has it, they are reported
+unsupported once, with the reason, and never asked for again.
 """
 
 from __future__ import annotations
@@ -15,9 +17,18 @@ from dataclasses import dataclass
 import pynvml
 
 from edge_agent.catalog import CounterSpec
-from edge_agent.fields import LABEL_SOURCES, NO_SOURCE_REASONS, SOURCES, FieldSource, Probe
+from edge_agent.fields import (
+    LABEL_SOURCES,
+    NO_SOURCE_REASONS,
+    SOURCES,
+    Carryover,
+    FieldSource,
+    NoValueYet,
+    Probe,
+)
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.devices import GpuDevice
+from edge_agent.nvml.gpm import GpmStreams, entity_key
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Family, GpuInventory, Labels, SampleSink
 
@@ -78,11 +89,52 @@ class DeviceCollector:
                 self.unsupported[spec.field] = xid.unsupported_reason if xid else "no event set"
                 continue
             self._active.append(_Active(spec, source))
+        self._gpm = self._open_gpm()
+        self._carry = {  # per GPU and GPU instance, from one cycle to the next
+            entity_key(d.uuid, gi): Carryover(gpm=self._gpm.get(entity_key(d.uuid, gi)))
+            for d in devices
+            for gi in (None, *(inst.gpu_instance_id for inst in d.mig))
+        }
         self.families = tuple(
             Family(name=a.spec.field, type=a.spec.kind, help=a.spec.help)  # type: ignore[arg-type]
             for a in self._active
         )
         self._base = {d.uuid: self._labels(d, label_fields, driver_version) for d in devices}
+
+    def _open_gpm(self) -> GpmStreams:
+        """GPM streams for the active fields that read GPM. Where no GPU has GPM, the fields
+        that have no other source are unsupported (with the reason); where some GPUs have
+        it, the others skip those fields, said once per GPU."""
+        wanted = [a for a in self._active if a.source.gpm]
+        streams = GpmStreams(
+            self._lib,
+            self._devices if wanted else (),
+            gpu_metrics=[a.source.gpm for a in wanted],
+            mig_metrics=[a.source.gpm for a in wanted if a.source.mig],
+        )
+        only = [a for a in wanted if a.source.gpm_only]
+        if not only or not streams.unsupported:
+            return streams
+        if len(streams.unsupported) == len(self._devices):
+            reason = streams.describe(self._devices)
+            self.unsupported.update((a.spec.field, reason) for a in only)
+            self._active = [a for a in self._active if not a.source.gpm_only]
+            return streams
+        for dev in self._devices:
+            if dev.uuid in streams.unsupported:
+                log.warning(
+                    "GPU %d (%s): profiling fields (%s) skipped: %s",
+                    dev.index,
+                    dev.uuid,
+                    ", ".join(a.spec.field for a in only),
+                    streams.unsupported[dev.uuid],
+                )
+                self._skip.update((dev.uuid, a.spec.field) for a in only)
+        return streams
+
+    def close(self) -> None:
+        """Free what NVML allocated for the collector (GPM samples); before nvmlShutdown."""
+        self._gpm.close()
 
     def _labels(self, dev: GpuDevice, label_fields: list[str], driver: str) -> Labels:
         extra = {
@@ -115,7 +167,7 @@ class DeviceCollector:
 
     def _collect_gpu(self, dev: GpuDevice, sink: SampleSink) -> GpuInventory:
         xid = self._xid.last(dev.uuid) if self._xid else None
-        probe = Probe(self._lib, dev.handle, xid)
+        probe = Probe(self._lib, dev.handle, xid, self._carry[entity_key(dev.uuid)])
         base = self._base[dev.uuid]
         gpu_labels = (*base, *self.pod_labels(dev.uuid, None))
         healthy = True
@@ -131,7 +183,9 @@ class DeviceCollector:
                         ("GPU_I_PROFILE", inst.profile),
                         ("GPU_I_ID", str(inst.gpu_instance_id)),
                     )
-                    self._read_fields(dev, Probe(self._lib, inst.handle), labels, sink, mig=True)
+                    carry = self._carry[entity_key(dev.uuid, inst.gpu_instance_id)]
+                    inst_probe = Probe(self._lib, inst.handle, carry=carry)
+                    self._read_fields(dev, inst_probe, labels, sink, mig=True)
             total, _reserved, _free, used = probe.memory()
             if dev.uuid in self._lost:
                 log.warning("GPU %d (%s) answers again", dev.index, dev.uuid)
@@ -173,6 +227,8 @@ class DeviceCollector:
                 value = active.source.read(probe)
             except _GPU_FATAL:
                 raise
+            except NoValueYet:  # a rate's first reading
+                continue
             except pynvml.NVMLError_NotSupported:
                 skip.add(key)
                 if not mig:

@@ -2,31 +2,93 @@
 
 A :class:`Probe` memoises NVML calls for one device handle during one cycle, so fields
 that share a call (the three memory fields, the two utilisation fields) cost one call.
-A reader returns the value in dcgm-exporter's unit, or raises ``pynvml.NVMLError``.
+A reader returns the value in dcgm-exporter's unit, or raises ``pynvml.NVMLError``, or
+:class:`NoValueYet` for a rate whose first reading only starts the interval.
+
+Fields measured over an interval (the ``DCGM_FI_PROF_*`` fields from NVML GPM, NVLink
+bandwidth from cumulative counters) keep what they need from one cycle to the next in a
+:class:`Carryover` per GPU or GPU instance, which the device collector owns.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
 from edge_agent.nvml.backend import Handle, NvmlLib
+from edge_agent.nvml.gpm import GpmStream
 from gpurelay.model import MIB
+
+
+class NoValueYet(Exception):
+    """A field measured over an interval has no value in the first cycle: not an error."""
+
+
+@dataclass(slots=True)
+class Carryover:
+    """What one GPU or GPU instance keeps from one cycle to the next."""
+
+    gpm: GpmStream | None = None  # None: no NVML GPM here
+    totals: dict[str, tuple[float, float]] = field(default_factory=dict)  # (total, seconds)
+
+    def rate(self, name: str, total: float, seconds: float) -> float:
+        """Per second since the previous reading of the cumulative ``total``."""
+        previous = self.totals.get(name)
+        self.totals[name] = (total, seconds)
+        if previous is None or seconds <= previous[1] or total < previous[0]:
+            raise NoValueYet  # first reading, same instant, or the counter was reset
+        return (total - previous[0]) / (seconds - previous[1])
 
 
 class Probe:
     """Memoised NVML calls on one handle for one collection cycle."""
 
-    __slots__ = ("_memo", "handle", "lib", "xid")
+    __slots__ = ("_memo", "carry", "handle", "lib", "xid")
 
-    def __init__(self, lib: NvmlLib, handle: Handle, xid: int | None = None) -> None:
+    def __init__(
+        self,
+        lib: NvmlLib,
+        handle: Handle,
+        xid: int | None = None,
+        carry: Carryover | None = None,
+    ) -> None:
         self.lib = lib
         self.handle = handle
         self.xid = xid
+        self.carry = carry
         self._memo: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def has_gpm(self) -> bool:
+        return self.carry is not None and self.carry.gpm is not None
+
+    def gpm(self, metric: int) -> float:
+        """NVML GPM ``metric`` since the previous cycle (one sample per cycle, memoised)."""
+        stream = self.carry.gpm if self.carry is not None else None
+        if stream is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        try:
+            hit = self._memo[("gpm",)]
+        except KeyError:
+            try:
+                hit = stream.advance()
+            except pynvml.NVMLError as exc:
+                hit = exc
+            self._memo[("gpm",)] = hit
+        if isinstance(hit, pynvml.NVMLError):
+            raise hit
+        if hit is None:
+            raise NoValueYet
+        value = hit[metric]
+        if isinstance(value, pynvml.NVMLError):
+            raise value
+        if math.isnan(value):  # no time between the samples (DCGM publishes a blank)
+            raise NoValueYet
+        return float(value)
 
     def call(self, fn: str, *args: Any) -> Any:
         key = (fn, *args)
@@ -60,6 +122,22 @@ Reader = Callable[[Probe], float]
 class FieldSource:
     read: Reader
     mig: bool = False  # also meaningful on a MIG instance handle
+    gpm: int = 0  # the NVML GPM metric it reads (0: none)
+    gpm_only: bool = False  # no value at all without GPM (no other NVML source)
+
+
+def _gpm(
+    metric: int, scale: float, *, mig: bool = False, other: Reader | None = None
+) -> FieldSource:
+    """A field from NVML GPM ``metric`` times ``scale``; where the GPU has no GPM, from
+    ``other`` if given (else NOT_SUPPORTED)."""
+
+    def read(p: Probe) -> float:
+        if other is not None and not p.has_gpm:
+            return other(p)
+        return p.gpm(metric) * scale
+
+    return FieldSource(read, mig=mig, gpm=metric, gpm_only=other is None)
 
 
 def _field_value(probe: Probe, field_id: int) -> float:
@@ -77,6 +155,32 @@ def _field_value(probe: Probe, field_id: int) -> float:
     if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
         return float(v.sllVal)
     return float(v.uiVal)
+
+
+def _nvlink_total(probe: Probe) -> float:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it: the NVLink data counters
+    (KiB, RX + TX, all links) per second since the previous cycle, divided by 1000."""
+    entries = probe.call("nvmlDeviceGetFieldValues", _NVLINK_DATA_ALL_LINKS)
+    for fv in entries:
+        if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(fv.nvmlReturn)
+    total_kib = float(sum(int(fv.value.ullVal) for fv in entries))
+    seconds = max(int(fv.timestamp) for fv in entries) / 1e6
+    assert probe.carry is not None, "the device collector gives every probe a carryover"
+    return probe.carry.rate("nvlink_kib", total_kib, seconds) / 1000.0
+
+
+def _vgpu_license(probe: Probe) -> float:
+    """1 while the vGPU feature is licensed, else 0 (also where vGPU licensing does not
+    apply, such as a bare-metal GPU), as DCGM reads it."""
+    features = probe.call("nvmlDeviceGetGridLicensableFeatures")
+    if not features.isGridLicenseSupported:
+        return 0.0
+    count = min(int(features.licensableFeaturesCount), len(features.gridLicensableFeatures))
+    for feature in features.gridLicensableFeatures[:count]:
+        if feature.featureCode == pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU:
+            return 1.0 if feature.featureState > 0 else 0.0
+    return 0.0
 
 
 def _clock_reasons(probe: Probe) -> float:
@@ -108,6 +212,12 @@ def _xid(probe: Probe) -> float:
 _C = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
 _U = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 _TX, _RX = pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES
+_PERCENT = 0.01  # GPM activity is in percent, DCGM's profiling fields are ratios (0-1)
+_ALL_LINKS = 0xFFFFFFFF  # field value scope: every NVLink of the GPU
+_NVLINK_DATA_ALL_LINKS = (
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+)
 
 SOURCES: dict[str, FieldSource] = {
     "DCGM_FI_DEV_SM_CLOCK": FieldSource(
@@ -132,12 +242,33 @@ SOURCES: dict[str, FieldSource] = {
     "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": FieldSource(
         lambda p: p.call("nvmlDeviceGetPcieThroughput", _RX)
     ),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": FieldSource(
-        lambda p: p.call("nvmlDeviceGetPcieThroughput", _TX) * 1024.0
+    # PCIe bytes/s from GPM (MiB/s) where the GPU has it, else NVML's 20 ms throughput (KB/s).
+    "DCGM_FI_PROF_PCIE_TX_BYTES": _gpm(
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+        MIB,
+        other=lambda p: p.call("nvmlDeviceGetPcieThroughput", _TX) * 1024.0,
     ),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": FieldSource(
-        lambda p: p.call("nvmlDeviceGetPcieThroughput", _RX) * 1024.0
+    "DCGM_FI_PROF_PCIE_RX_BYTES": _gpm(
+        pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+        MIB,
+        other=lambda p: p.call("nvmlDeviceGetPcieThroughput", _RX) * 1024.0,
     ),
+    # DCGM's profiling fields from NVML GPM, as DCGM maps them (DcgmFieldIdToNvmlGpmMetricId);
+    # the activity fields per GPU instance too, PCIe and NVLink per GPU only.
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_SM_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_SM_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_SM_OCCUPANCY": _gpm(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, _PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _gpm(
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, _PERCENT, mig=True
+    ),
+    "DCGM_FI_PROF_DRAM_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP64_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP32_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP16_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": _gpm(pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, MIB),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": _gpm(pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, MIB),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": FieldSource(_nvlink_total),
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": FieldSource(_vgpu_license),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": FieldSource(
         lambda p: p.call("nvmlDeviceGetPcieReplayCounter")
     ),
@@ -197,11 +328,8 @@ LABEL_SOURCES: frozenset[str] = frozenset(
 
 # Why a well-known field has no NVML source, for the start-up report.
 NO_SOURCE_REASONS: dict[str, str] = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "needs DCGM profiling (not in NVML)",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "needs DCGM profiling (not in NVML)",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "needs DCGM profiling (not in NVML)",
-    "DCGM_FI_PROF_SM_ACTIVE": "needs DCGM profiling (not in NVML)",
-    "DCGM_FI_PROF_SM_OCCUPANCY": "needs DCGM profiling (not in NVML)",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "NVLink counters are not read by this agent yet",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU licensing is not read through NVML",
+    "DCGM_EXP_CLOCK_EVENTS_COUNT": "dcgm-exporter's own count, made from DCGM's event log",
+    "DCGM_EXP_XID_ERRORS_COUNT": "dcgm-exporter's own count, made from DCGM's event log",
+    "DCGM_EXP_GPU_HEALTH_STATUS": "needs DCGM's health watches (not in NVML)",
+    "DCGM_EXP_P2P_STATUS": "dcgm-exporter's own NVLink P2P check (not in NVML)",
 }

@@ -8,8 +8,10 @@ with per-GPU phases give the load; small noise is hashed from ``(seed, gpu, int(
 
 Processes come and go: each GPU has ``processes_per_gpu`` slots, and each slot runs a new
 process in most of its generations (a generation lasts 60-300 s). GPU 0 can be in MIG mode
-with three GPU instances. Faults and XID events are injected with
-:meth:`SimulatedNvml.inject_fault` and :meth:`SimulatedNvml.inject_xid`. Thread-safe.
+with three GPU instances. The ``model`` decides GPM and NVLink (an H100 has both, an A100
+NVLink only, a T4 neither; see :mod:`edge_agent.nvml.simulator_gpm`). Faults and XID events
+are injected with :meth:`SimulatedNvml.inject_fault` and :meth:`SimulatedNvml.inject_xid`.
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, NoReturn
 import pynvml
 
 from edge_agent.nvml.backend import Handle, NvmlLib
+from edge_agent.nvml.simulator_gpm import GpmSimulation, nvlink_field, profile_for
 from gpurelay.model import MIB
 
 _TOTAL_MEMORY = 85_520_809_984  # an H100 80GB HBM3, as NVML reports it
@@ -61,6 +64,7 @@ _MIG_DEVICE_CALLS = frozenset(
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
         "nvmlDeviceGetGpuInstanceId",
+        "nvmlGpmSampleGet",  # a compute instance's counters (DCGM samples them so)
     }
 )
 _API = frozenset(name for name in dir(NvmlLib) if name.startswith("nvml"))
@@ -222,6 +226,12 @@ class _Gpu:
         gpu = _clamp(100 * load + 4 * self.noise("gpu", t))
         return gpu, _clamp(55 * load + 3 * self.noise("memory", t))
 
+    def pcie_kbps(self, counter: int, t: float) -> int:
+        """PCIe KB/s: mostly host-to-device (RX) traffic, following the load."""
+        peak = 6e6 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 14e6
+        noise = 1 + 0.1 * self.noise(f"pcie{counter}", t)
+        return round((20_000 + peak * max(0.0, self.load(t))) * noise)
+
     def codec_utilization(self, t: float, processes: list[_Process], mean: float) -> int:
         """Encoder or decoder utilisation: low, and only while a graphics process runs."""
         if not any(p.graphics for p in processes):
@@ -292,6 +302,7 @@ class SimulatedNvml:
         self._driver_loaded = driver_loaded
         self._driver_version = driver_version
         self._model = model
+        self._gpm = GpmSimulation(profile_for(model))  # and NVLink: what the model has
         t0 = clock()
         pids_of = [None if pids is None else pids[i::gpu_count] for i in range(gpu_count)]
         self._gpus = [
@@ -487,11 +498,12 @@ class SimulatedNvml:
         return gpu.temperature(self._clock())
 
     def nvmlDeviceGetFieldValues(self, handle: Handle, fieldIds: list[int]) -> Any:
-        """Only the memory temperature is known; failures go into each entry's ``nvmlReturn``."""
+        """Memory temperature and NVLink throughput (KiB, all links or one); failures go
+        into each entry's ``nvmlReturn``."""
         device, fault = self._resolve(handle, "nvmlDeviceGetFieldValues")
         if fault == pynvml.NVML_ERROR_GPU_IS_LOST:
             _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
-        t = self._clock()
+        t, links = self._clock(), self._gpm.profile.nvlinks
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         for entry, field_id in zip(values, fieldIds, strict=True):
             entry.fieldId, entry.scopeId = (
@@ -500,9 +512,14 @@ class SimulatedNvml:
             entry.timestamp, entry.latencyUsec = int(t * 1e6), 0
             if fault is not None:
                 entry.nvmlReturn = fault
-            elif isinstance(device, _Gpu) and entry.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            elif not isinstance(device, _Gpu):
+                entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            elif entry.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP:
                 entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 entry.value.uiVal = min(95, device.temperature(t) + 4)
+            elif (kib := nvlink_field(device, links, entry.fieldId, entry.scopeId, t)) is not None:
+                entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                entry.value.ullVal = kib
             else:
                 entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return values
@@ -539,10 +556,7 @@ class SimulatedNvml:
         gpu = self._gpu(device, "nvmlDeviceGetPcieThroughput")
         if counter not in (pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES):
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        t = self._clock()
-        peak = 6e6 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 14e6
-        noise = 1 + 0.1 * gpu.noise(f"pcie{counter}", t)
-        return round((20_000 + peak * max(0.0, gpu.load(t))) * noise)
+        return gpu.pcie_kbps(counter, self._clock())
 
     def nvmlDeviceGetRemappedRows(self, device: Handle) -> tuple[int, int, int, int]:
         self._gpu(device, "nvmlDeviceGetRemappedRows")
@@ -583,6 +597,13 @@ class SimulatedNvml:
         t = self._clock()
         violation_ns = int(max(0.0, t - gpu.t0) * fraction * 1e9)
         return pynvml.c_nvmlViolationTime_t(referenceTime=int(t * 1e6), violationTime=violation_ns)
+
+    def nvmlDeviceGetGridLicensableFeatures(self, handle: Handle) -> Any:
+        """A bare-metal GPU: vGPU licensing does not apply."""
+        self._gpu(handle, "nvmlDeviceGetGridLicensableFeatures")
+        return pynvml.c_nvmlGridLicensableFeatures_v4_t(
+            isGridLicenseSupported=0, licensableFeaturesCount=0
+        )
 
     # --- MIG ---------------------------------------------------------------------------------
 
@@ -713,3 +734,34 @@ class SimulatedNvml:
             event_set.freed = True  # kept, so that later use fails with UNINITIALIZED too
             event_set.pending.clear()
             self._cond.notify_all()
+
+    # --- GPM (Hopper and newer; see simulator_gpm) -------------------------------------------
+
+    @property
+    def gpm_samples_allocated(self) -> int:
+        """GPM sample buffers allocated and not freed (not part of NvmlLib: for leak tests)."""
+        return self._gpm.allocated
+
+    def nvmlGpmQueryDeviceSupport(self, device: Handle) -> Any:
+        self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        return self._gpm.support()
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._check("nvmlGpmSampleAlloc")
+        return self._gpm.alloc()
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._check("nvmlGpmSampleFree")
+        self._gpm.free(gpmSample)
+
+    def nvmlGpmSampleGet(self, device: Handle, gpmSample: Any) -> Any:
+        sampled = self._device(device, "nvmlGpmSampleGet")
+        return self._gpm.take(sampled, gpmSample, self._clock())
+
+    def nvmlGpmMigSampleGet(self, device: Handle, gpuInstanceId: int, gpmSample: Any) -> Any:
+        gpu = self._gpu(device, "nvmlGpmMigSampleGet")
+        return self._gpm.take_mig(gpu, gpuInstanceId, gpmSample, self._clock())
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._check("nvmlGpmMetricsGet")
+        return self._gpm.metrics(metricsGet)
