@@ -138,32 +138,37 @@ class Prometheus(PromQL):
 
 
 def share_pod(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rewrite the fake host tree the simulator builds (see SHARED_WITH_FIRST)."""
+    """Rewrite the fake host tree the simulator builds (see SHARED_WITH_FIRST), and what
+    its simulated kubelet allocates (edge_agent.simkubelet, where it is on)."""
     build = simhost.build
 
     def shared_build(root: Path, pids: Sequence[int], seed: int = 0) -> simhost.FakeHost:
         host = build(root, pids, seed)
-        if seed == NODES[SHARED_NODE]:
-            first = (host.proc_root / str(pids[0]) / "cgroup").read_text()
-            for i in SHARED_WITH_FIRST:
-                (host.proc_root / str(pids[i]) / "cgroup").write_text(first)
-        return host
+        if seed != NODES[SHARED_NODE]:
+            return host
+        first = (host.proc_root / str(pids[0]) / "cgroup").read_text()
+        pods = dict(host.pods)
+        for i in SHARED_WITH_FIRST:
+            (host.proc_root / str(pids[i]) / "cgroup").write_text(first)
+            pods[pids[i]] = pods[pids[0]]
+        return dataclasses.replace(host, pods=pods)
 
     monkeypatch.setattr(simhost, "build", shared_build)
 
 
 @asynccontextmanager
 async def running_fleet(
-    prometheus_bin: Path, tmp_path: Path, *, agent: dict[str, Any] | None = None
+    prometheus_bin: Path, tmp_path: Path, *, pod_resources: str = ""
 ) -> AsyncIterator[Prometheus]:
-    """The gateway, both agents (``agent``: AgentConfig fields to set) and Prometheus."""
+    """The gateway, both agents and Prometheus; ``pod_resources``: the agents' simulated
+    kubelet (``[simulate] pod_resources``: "nvidia" or "gpushare"), none by default."""
     pki = make_pki(tmp_path)
     async with running_gateway(gateway_config(pki)) as gw:
         configs: list[AgentConfig] = []
         for node, seed in NODES.items():
             cfg = agent_config(pki, node, gw, gpus=GPUS)
-            simulate = dataclasses.replace(cfg.simulate, seed=seed)
-            configs.append(dataclasses.replace(cfg, simulate=simulate, **(agent or {})))
+            simulate = dataclasses.replace(cfg.simulate, seed=seed, pod_resources=pod_resources)
+            configs.append(dataclasses.replace(cfg, simulate=simulate))
         async with running_agent(configs[0]), running_agent(configs[1]):
             await wait_for(
                 lambda: set(NODES) <= set(gw.registry.states(time.time())),
