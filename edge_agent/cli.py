@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--simulate-seed", type=int, metavar="SEED")
     common.add_argument("--simulate-mig", action="store_true", help="GPU 0 in MIG mode")
     common.add_argument(
+        "--simulate-pod-resources",
+        choices=("nvidia", "gpushare"),
+        help="serve the simulated pods' GPUs over a pod-resources socket, as NVIDIA's device "
+        "plugin or ACK GPU sharing allocates them",
+    )
+    common.add_argument(
         "--node-name", help="node name (default: config, KUBE_NODE_NAME, NODE_NAME, hostname)"
     )
     common.add_argument("--counters", type=Path, help="dcgm-exporter counters CSV")
@@ -50,6 +56,8 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         sim = dataclasses.replace(sim, gpus=args.simulate)
     if args.simulate_seed is not None:
         sim = dataclasses.replace(sim, seed=args.simulate_seed)
+    if args.simulate_pod_resources:
+        sim = dataclasses.replace(sim, pod_resources=args.simulate_pod_resources)
     if args.simulate_mig:
         sim = dataclasses.replace(sim, mig=True)
     changes: dict[str, Any] = {"simulate": sim}

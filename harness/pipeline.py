@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from edge_agent import simhost
+from edge_agent import simhost, simkubelet
 from edge_agent.app import Backend, Pipeline, build_pipeline
 from edge_agent.config import AgentConfig, load
 from edge_agent.nvml.simulator import SimulatedNvml
@@ -63,9 +63,9 @@ def make_pipeline(
         gpus, seed=seed, mig=mig, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
     )
     sim.nvmlInit()
-    pipeline = build_pipeline(
-        Backend(sim, "simulated", cfg), clock=clock, timer=timer or FakeTimer()
-    )
+    cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)  # [simulate] pod_resources
+    backend = Backend(sim, "simulated", cfg, on_close=[stop_kubelet] if stop_kubelet else [])
+    pipeline = build_pipeline(backend, clock=clock, timer=timer or FakeTimer())
     return pipeline, sim, clock
 
 

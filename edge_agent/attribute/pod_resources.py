@@ -145,7 +145,7 @@ class PodDevices:
             try:
                 self._refresh(self.socket)
             except Exception as exc:  # never fail a collection over pod labels
-                self._fail("internal", f"pod-resources: unexpected {type(exc).__name__}: {exc}")
+                self._fail("unexpected", f"pod-resources: unexpected {type(exc).__name__}: {exc}")
                 log.debug("pod-resources refresh failed", exc_info=True)
         return self._answer
 
