@@ -48,9 +48,16 @@ SHARED_NODE, SHARED_WITH_FIRST = "edge-a", (1, 4)
 READY_DEADLINE = 45.0  # Prometheus start -> GPU and pod series of both nodes seen
 
 
-def load_yaml(path: Path) -> list[Any]:
+def relabelled(text: str, node_label: str) -> str:
+    """A shipped rules file or dashboard for a fleet with ``node_label`` (the operator
+    guide's ``sed 's/Hostname/hostname/g'``, "The node label")."""
+    return text.replace("Hostname", node_label)
+
+
+def load_yaml(path: Path, node_label: str = "Hostname") -> list[Any]:
     """The YAML documents of ``path``; PyYAML comes with the test extras."""
-    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
+    text = relabelled(path.read_text(encoding="utf-8"), node_label)
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,17 +165,19 @@ def share_pod(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @asynccontextmanager
 async def running_fleet(
-    prometheus_bin: Path, tmp_path: Path, *, pod_resources: str = ""
+    prometheus_bin: Path, tmp_path: Path, *, pod_resources: str = "", node_label: str = "Hostname"
 ) -> AsyncIterator[Prometheus]:
     """The gateway, both agents and Prometheus; ``pod_resources``: the agents' simulated
-    kubelet (``[simulate] pod_resources``: "nvidia" or "gpushare"), none by default."""
+    kubelet (``[simulate] pod_resources``: "nvidia" or "gpushare"), none by default;
+    ``node_label``: the gateway's and the agents' setting."""
     pki = make_pki(tmp_path)
-    async with running_gateway(gateway_config(pki)) as gw:
+    gateway = gateway_config(pki, node_label=node_label)
+    async with running_gateway(gateway) as gw:
         configs: list[AgentConfig] = []
         for node, seed in NODES.items():
             cfg = agent_config(pki, node, gw, gpus=GPUS)
             simulate = dataclasses.replace(cfg.simulate, seed=seed, pod_resources=pod_resources)
-            configs.append(dataclasses.replace(cfg, simulate=simulate))
+            configs.append(dataclasses.replace(cfg, simulate=simulate, node_label=node_label))
         async with running_agent(configs[0]), running_agent(configs[1]):
             await wait_for(
                 lambda: set(NODES) <= set(gw.registry.states(time.time())),
@@ -188,11 +197,11 @@ async def running_fleet(
             with running_prometheus(prometheus_bin, config, tmp_path) as (url, log):
                 async with httpx.AsyncClient(base_url=url, timeout=5, trust_env=False) as http:
                     prom = Prometheus(http, log)
-                    await wait_until_scraped(prom)
+                    await wait_until_scraped(prom, node_label)
                     yield prom
 
 
-async def wait_until_scraped(prom: Prometheus) -> None:
+async def wait_until_scraped(prom: Prometheus, node_label: str = "Hostname") -> None:
     end = time.monotonic() + READY_DEADLINE
 
     async def started() -> str:
@@ -206,9 +215,9 @@ async def wait_until_scraped(prom: Prometheus) -> None:
         # At settled() already, so that the checks evaluated there see every series.
         when = settled()
         gpus = {
-            s["metric"]["Hostname"]: float(s["value"][1])
+            s["metric"][node_label]: float(s["value"][1])
             for s in await prom.at(
-                f'count by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{job="{UNIFIED_JOB}"}})', when
+                f'count by ({node_label}) (DCGM_FI_DEV_GPU_UTIL{{job="{UNIFIED_JOB}"}})', when
             )
         }
         if gpus != dict.fromkeys(NODES, float(GPUS)):

@@ -33,6 +33,7 @@ from tests.integration.adapter_support import (
     gpu_key,
     load_yaml,
     parse_rules,
+    relabelled,
     running_fleet,
     settled,
     share_pod,
@@ -74,16 +75,16 @@ QUERY_DEADLINE = 15.0  # then every dashboard query answered
 # --- loading ------------------------------------------------------------------------------------
 
 
-def adapter_rules() -> list[Rule]:
-    docs = load_yaml(RULES)
+def adapter_rules(node_label: str = "Hostname") -> list[Rule]:
+    docs = load_yaml(RULES, node_label)
     assert len(docs) == 1, "one YAML document"
     config = docs[0]
     assert set(config) == {"rules"}, f"custom-metrics rules only, got {sorted(config)}"
     return parse_rules(config["rules"])
 
 
-def dashboards() -> dict[str, dict[str, Any]]:
-    return {path.name: json.loads(path.read_text()) for path in DASHBOARDS}
+def dashboards(node_label: str = "Hostname") -> dict[str, dict[str, Any]]:
+    return {path.name: json.loads(relabelled(path.read_text(), node_label)) for path in DASHBOARDS}
 
 
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -238,15 +239,16 @@ def pod_on_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     share_pod(monkeypatch)
 
 
+@pytest.mark.parametrize("node_label", ["Hostname", "hostname"])
 async def test_adapter_rules_and_dashboards_against_prometheus(
-    prometheus_bin: Path,
-    pod_on_two_gpus: None,
-    tmp_path: Path,
+    prometheus_bin: Path, pod_on_two_gpus: None, tmp_path: Path, node_label: str
 ) -> None:
-    async with running_fleet(prometheus_bin, tmp_path) as prom:
-        ratio_panel = await check_dashboards(prom)
-        await check_adapter_rules(prom)
-        await check_ratio_panel(prom, ratio_panel)
+    """``hostname``: gateway and agents with ``node_label = "hostname"``, the rules and
+    dashboards with Hostname replaced as the operator guide says ("The node label")."""
+    async with running_fleet(prometheus_bin, tmp_path, node_label=node_label) as prom:
+        ratio_panel = await check_dashboards(prom, node_label)
+        await check_adapter_rules(prom, node_label)
+        await check_ratio_panel(prom, ratio_panel, node_label)
 
 
 # --- the adapter rules --------------------------------------------------------------------------
@@ -260,8 +262,8 @@ def aggregate(rule: Rule, values: list[float]) -> float:
     return sum(values)
 
 
-async def check_adapter_rules(prom: Prometheus) -> None:
-    rules = adapter_rules()
+async def check_adapter_rules(prom: Prometheus, node_label: str) -> None:
+    rules = adapter_rules(node_label)
     when = settled()
     raw = await prom.raw(
         {r.series for r in rules}
@@ -271,7 +273,7 @@ async def check_adapter_rules(prom: Prometheus) -> None:
     totals: dict[tuple[str, str, str], float] = {}
     for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"):
         for s in raw[name]:
-            key = gpu_key(s, "Hostname")
+            key = gpu_key(s, node_label)
             totals[key] = totals.get(key, 0.0) + float(s["value"])
     assert len(totals) == len(NODES) * GPUS, totals
 
@@ -359,10 +361,10 @@ def expected(
 # --- the dashboards -----------------------------------------------------------------------------
 
 
-async def check_dashboards(prom: Prometheus) -> str:
+async def check_dashboards(prom: Prometheus, node_label: str) -> str:
     """Run every panel query; returns the node dashboard's pod memory ratio query."""
     ratio_panel = ""
-    for name, dashboard in dashboards().items():
+    for name, dashboard in dashboards(node_label).items():
         variables = dict(BUILTINS, datasource="unused")
         for v in dashboard["templating"]["list"]:
             if v["type"] == "datasource":
@@ -411,14 +413,14 @@ async def check_variables(
             assert values == set(NODES), values
 
 
-async def check_ratio_panel(prom: Prometheus, expr: str) -> None:
+async def check_ratio_panel(prom: Prometheus, expr: str, node_label: str) -> None:
     """The dashboard's ratio panel computes what the adapter's ratio rule does."""
     when = settled()
     panel = {
         (s["metric"]["NamespaceName"], s["metric"]["PodName"]): float(s["value"][1])
         for s in await prom.at(expr, when)
     }
-    rule = next(r for r in adapter_rules() if r.name == RATIO)
+    rule = next(r for r in adapter_rules(node_label) if r.name == RATIO)
     pods = sorted(panel)
     assert pods, expr
     for namespace, pod in pods:
