@@ -123,7 +123,7 @@ class DeviceCollector:
         for dev in self._devices:
             if dev.uuid in streams.unsupported:
                 log.warning(
-                    "GPU %d (%s): profiling fields (%s) skipped: %s",
+                    "GPU %d (%s): profiling fields (%s) skipped, no NVML GPM: %s",
                     dev.index,
                     dev.uuid,
                     ", ".join(a.spec.field for a in only),
