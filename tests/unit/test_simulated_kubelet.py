@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import load
+from gpurelay.exposition import render_text
 from gpurelay.model import Snapshot
 from harness.pipeline import make_pipeline
+from tests.promtool_support import unexpected_findings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 AGENT = (sys.executable, "-m", "edge_agent")
@@ -133,3 +135,13 @@ def test_grpc_is_loaded_only_where_a_kubelet_socket_exists(
         check=True,
     ).stdout
     assert out.strip() == str(loaded)
+
+
+@pytest.mark.promtool
+@pytest.mark.parametrize("mode", ["nvidia", "gpushare"])
+def test_promtool_finds_nothing_but_the_compatible_names(
+    tmp_path: Path, promtool: Path, mode: str
+) -> None:
+    body = render_text(snapshot(tmp_path, mode))
+    assert b"DCGM_CUSTOM_DEV_FB_ALLOCATED" in body and b'pod="' in body
+    assert unexpected_findings(promtool, body) == []
