@@ -6,11 +6,12 @@
    (List + resolving the device ids against 8 GPUs).
 2. Agent RSS, same run, same settings (``edge-agent run --simulate 8``, 8 processes per GPU,
    no fake host tree, so that only the socket differs):
-   - ``before``: the tree at ``--before`` (default: the commit before pod-resources), if given
+   - ``--before REV`` (repeatable): the agent of that commit, e.g. the one before
+     pod-resources (179f30d) and the one that added it (553e6e0)
    - ``no socket``: this tree on a box without the kubelet's socket (outside Kubernetes)
    - ``kubelet``: this tree reading a kubelet stand-in served by this bench process
 
-Run: .venv/bin/python bench/pod_resources.py [--pods 110] [--calls 500] [--before REV]
+Run: .venv/bin/python bench/pod_resources.py [--pods 110] [--calls 500] [--before REV ...]
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _start_in(agent: Process, cwd: Path) -> None:
         )
 
 
-def agent_rss(directory: Path, before: str | None) -> None:
+def agent_rss(directory: Path, revisions: list[str]) -> None:
     sim = SimulatedNvml(GPUS)  # the agent's simulator: same seed, same UUIDs
     sim.nvmlInit()
     uuids = [d.uuid for d in enumerate_gpus(sim)[0]]
@@ -133,14 +134,14 @@ def agent_rss(directory: Path, before: str | None) -> None:
         "EDGE_AGENT_SIMULATE_FAKE_HOST": "false",
     }
     cases: list[tuple[str, Path, dict[str, str]]] = []
-    if before:
-        tree = directory / "before"
+    for rev in revisions:
+        tree = directory / f"tree-{rev}"
         tree.mkdir()
         archive = subprocess.run(
-            ["git", "archive", before], cwd=ROOT, check=True, capture_output=True
+            ["git", "archive", rev], cwd=ROOT, check=True, capture_output=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-        cases.append((f"before ({before})", tree, {**base_env, "PYTHONPATH": str(tree)}))
+        cases.append((f"at {rev}, no socket", tree, {**base_env, "PYTHONPATH": str(tree)}))
     absent = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     assert not absent.exists(), "this box has a kubelet: the no-socket case would not be one"
     cases.append(("no socket (outside Kubernetes)", ROOT, base_env))
@@ -149,11 +150,11 @@ def agent_rss(directory: Path, before: str | None) -> None:
     env = {**base_env, "EDGE_AGENT_ATTRIBUTION_POD_RESOURCES_SOCKET": str(sock)}
     cases.append(("kubelet (pod labels, allocations)", ROOT, env))
     try:
-        for name, cwd, case_env in cases:
+        for n, (name, cwd, case_env) in enumerate(cases):
             (port,) = free_ports(1)
             argv = [sys.executable, "-m", "edge_agent", "run", "--simulate", str(GPUS)]
             argv += ["--listen", f"127.0.0.1:{port}", "--interval", "0.5"]
-            log = directory / f"agent-{len(name)}.log"
+            log = directory / f"agent-{n}.log"
             mb = _rss(argv, cwd, case_env, log, port)
             print(f"{'agent RSS, ' + name:<52} {mb:6.1f} MB")
     finally:
@@ -164,7 +165,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=110)  # the kubelet's default max pods
     parser.add_argument("--calls", type=int, default=500)
-    parser.add_argument("--before", help="a git revision to measure the agent RSS of too")
+    parser.add_argument(
+        "--before", action="append", default=[], help="a git revision to measure the RSS of too"
+    )
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]} on {os.uname().machine}, {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory(prefix="podres-", dir="/tmp") as tmp:
