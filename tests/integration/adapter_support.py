@@ -165,11 +165,17 @@ def share_pod(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @asynccontextmanager
 async def running_fleet(
-    prometheus_bin: Path, tmp_path: Path, *, pod_resources: str = "", node_label: str = "Hostname"
+    prometheus_bin: Path,
+    tmp_path: Path,
+    *,
+    pod_resources: str = "",
+    node_label: str = "Hostname",
+    counters_file: Path | None = None,
 ) -> AsyncIterator[Prometheus]:
     """The gateway, both agents and Prometheus; ``pod_resources``: the agents' simulated
     kubelet (``[simulate] pod_resources``: "nvidia" or "gpushare"), none by default;
-    ``node_label``: the gateway's and the agents' setting."""
+    ``node_label``: the gateway's and the agents' setting; ``counters_file``: the agents'
+    (the built-in one by default)."""
     pki = make_pki(tmp_path)
     gateway = gateway_config(pki, node_label=node_label)
     async with running_gateway(gateway) as gw:
@@ -177,7 +183,11 @@ async def running_fleet(
         for node, seed in NODES.items():
             cfg = agent_config(pki, node, gw, gpus=GPUS)
             simulate = dataclasses.replace(cfg.simulate, seed=seed, pod_resources=pod_resources)
-            configs.append(dataclasses.replace(cfg, simulate=simulate, node_label=node_label))
+            configs.append(
+                dataclasses.replace(
+                    cfg, simulate=simulate, node_label=node_label, counters_file=counters_file
+                )
+            )
         async with running_agent(configs[0]), running_agent(configs[1]):
             await wait_for(
                 lambda: set(NODES) <= set(gw.registry.states(time.time())),
