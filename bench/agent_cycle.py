@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pynvml
@@ -55,6 +56,10 @@ class ReplayNvml:
         fn = getattr(self._lib, name)
 
         def call(*args: object) -> object:
+            if name == "nvmlGpmMetricsGet":
+                return self._metrics_get(fn, args[0])
+            if name.startswith("nvmlGpm"):  # sample buffers: the agent's own, must be real
+                return fn(*args)
             # ctypes handles are unhashable; the agent keeps its handles, so identity works
             key = (name, *(id(a) if isinstance(a, ctypes._Pointer) else a for a in args))
             try:
@@ -71,6 +76,19 @@ class ReplayNvml:
 
         setattr(self, name, call)
         return call
+
+    def _metrics_get(self, fn: Any, get: Any) -> Any:
+        """nvmlGpmMetricsGet fills the caller's struct: replay the first answer into it."""
+        ids = tuple(get.metrics[k].metricId for k in range(get.numMetrics))
+        key = ("nvmlGpmMetricsGet", ids)
+        cached = self._memo.get(key)
+        if cached is None:
+            fn(get)
+            self._memo[key] = type(get).from_buffer_copy(get)
+            return get
+        size = ctypes.sizeof(get.metrics)
+        ctypes.memmove(ctypes.addressof(get.metrics), ctypes.addressof(cached.metrics), size)
+        return get
 
 
 def _cpu_ms(fn: object, cycles: int, advance: object) -> list[float]:

@@ -29,7 +29,7 @@ import hashlib
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import pynvml
@@ -38,7 +38,7 @@ MIB = 1 << 20
 _GPM_SLICES = 7  # compute slices of an H100 or A100 in MIG mode
 _NVLINK_BYTES_PER_LINK = 25e9  # per direction, H100 NVLink 4
 _NVLINK_SHARE = {"rx": 0.3, "tx": 0.27}  # of the links' peak, at full load
-_MAX_POINTS = 60  # activity is averaged over at most this many instants per interval
+_MAX_POINTS = 5  # activity is averaged over at most this many instants per interval
 _ALL_LINKS = 0xFFFFFFFF  # scopeId for "every NVLink of the GPU" (as DCGM passes it)
 _NVLINK_FIELDS = {
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: ("rx", 1.0),
@@ -66,6 +66,12 @@ _OF_TENSOR = {
 _PCIE = {
     pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: pynvml.NVML_PCIE_UTIL_TX_BYTES,
     pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: pynvml.NVML_PCIE_UTIL_RX_BYTES,
+}
+_ACTIVITY = {
+    *_OF_SM,
+    *_OF_TENSOR,
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
 }
 _NVLINK = {
     pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "rx",
@@ -170,11 +176,17 @@ def _activity(device: Any, t: float) -> tuple[float, float]:
     return float(util), float(memory)
 
 
-def _mean(f: Callable[[float], float], t1: float, t2: float) -> float:
-    """The mean of ``f`` over [t1, t2], from the midpoints of up to 60 equal steps."""
+def _instants(t1: float, t2: float) -> list[float]:
+    """Where an average over [t1, t2] looks: the midpoints of one-second steps (at most
+    five equal steps), as the counters would integrate it."""
     n = max(1, min(_MAX_POINTS, math.ceil(t2 - t1)))
     step = (t2 - t1) / n
-    return sum(f(t1 + (k + 0.5) * step) for k in range(n)) / n
+    return [t1 + (k + 0.5) * step for k in range(n)]
+
+
+def _mean(f: Callable[[float], float], t1: float, t2: float) -> float:
+    instants = _instants(t1, t2)
+    return sum(f(t) for t in instants) / len(instants)
 
 
 @dataclass
@@ -182,6 +194,64 @@ class _Sample:
     buffer: Any  # the struct a c_nvmlGpmSample_t points at (kept alive here)
     device: Any = None  # the GPU or GPU instance sampled; None until a sample is taken
     t: float = 0.0
+
+
+@dataclass
+class _Window:
+    """The time between two samples of one device; each average computed once."""
+
+    device: Any
+    t1: float
+    t2: float
+    nvlinks: int
+    _means: dict[object, float] = field(default_factory=dict)
+
+    def _mean(self, key: object, f: Callable[[float], float]) -> float:
+        if key not in self._means:
+            self._means[key] = _mean(f, self.t1, self.t2)
+        return self._means[key]
+
+    def _activity(self) -> tuple[float, float]:
+        """Mean (graphics engine %, DRAM %) over the window, in one pass."""
+        if "activity" not in self._means:
+            points = [_activity(self.device, t) for t in _instants(self.t1, self.t2)]
+            self._means["activity"] = sum(g for g, _ in points) / len(points)
+            self._means["dram"] = sum(d for _, d in points) / len(points)
+        return self._means["activity"], self._means["dram"]
+
+    def metric(self, metric: int) -> tuple[int, float]:
+        """(nvmlReturn, value) of ``metric`` over the window."""
+        if not 0 < metric < pynvml.NVML_GPM_METRIC_MAX:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0.0
+        device, t1, t2 = self.device, self.t1, self.t2
+        gpu: SimGpu = device.owner
+        if metric in _PCIE or metric in _NVLINK:
+            if device is not gpu:  # a GPU instance
+                return pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+        elif metric not in _ACTIVITY:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+        if t2 <= t1:
+            return pynvml.NVML_SUCCESS, math.nan  # no time between the samples
+        if metric in _PCIE:
+            counter = _PCIE[metric]
+            kbps = self._mean(metric, lambda t: float(gpu.pcie_kbps(counter, t)))
+            return pynvml.NVML_SUCCESS, kbps * 1024 / MIB
+        if metric in _NVLINK:
+            direction = _NVLINK[metric]
+            moved = nvlink_bytes(gpu, self.nvlinks, direction, t2) - nvlink_bytes(
+                gpu, self.nvlinks, direction, t1
+            )
+            return pynvml.NVML_SUCCESS, moved / (t2 - t1) / MIB
+        graphics, dram = self._activity()
+        if metric == pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL:
+            return pynvml.NVML_SUCCESS, dram
+        if metric == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
+            return pynvml.NVML_SUCCESS, graphics
+        sm = graphics * _SM_SHARE
+        if metric in _OF_SM:
+            return pynvml.NVML_SUCCESS, sm * _OF_SM[metric]
+        tensor = sm * (0.35 + 0.3 * _unit(gpu.seed, gpu.index, "tensor"))
+        return pynvml.NVML_SUCCESS, tensor * _OF_TENSOR[metric]
 
 
 class GpmSimulation:
@@ -246,53 +316,11 @@ class GpmSimulation:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if first.device is not second.device:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        window = _Window(first.device, first.t, second.t, self.profile.nvlinks)
         for k in range(get.numMetrics):
             slot = get.metrics[k]
-            slot.nvmlReturn, slot.value = self._metric(
-                slot.metricId, first.device, first.t, second.t
-            )
+            slot.nvmlReturn, slot.value = window.metric(slot.metricId)
         return get
-
-    def _metric(self, metric: int, device: Any, t1: float, t2: float) -> tuple[int, float]:
-        if not 0 < metric < pynvml.NVML_GPM_METRIC_MAX:
-            return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0.0
-        gpu: SimGpu = device.owner
-        whole_gpu = device is gpu
-        if metric in _PCIE or metric in _NVLINK:
-            if not whole_gpu:
-                return pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
-        elif (
-            metric not in _OF_SM
-            and metric not in _OF_TENSOR
-            and metric
-            not in (
-                pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
-                pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
-            )
-        ):
-            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
-        if t2 <= t1:
-            return pynvml.NVML_SUCCESS, math.nan  # no time between the samples
-        if metric in _PCIE:
-            counter = _PCIE[metric]
-            kbps = _mean(lambda t: float(gpu.pcie_kbps(counter, t)), t1, t2)
-            return pynvml.NVML_SUCCESS, kbps * 1024 / MIB
-        if metric in _NVLINK:
-            direction, links = _NVLINK[metric], self.profile.nvlinks
-            moved = nvlink_bytes(gpu, links, direction, t2) - nvlink_bytes(
-                gpu, links, direction, t1
-            )
-            return pynvml.NVML_SUCCESS, moved / (t2 - t1) / MIB
-        if metric == pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL:
-            return pynvml.NVML_SUCCESS, _mean(lambda t: _activity(device, t)[1], t1, t2)
-        graphics = _mean(lambda t: _activity(device, t)[0], t1, t2)
-        if metric == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
-            return pynvml.NVML_SUCCESS, graphics
-        sm = graphics * _SM_SHARE
-        if metric in _OF_SM:
-            return pynvml.NVML_SUCCESS, sm * _OF_SM[metric]
-        tensor = sm * (0.35 + 0.3 * _unit(gpu.seed, gpu.index, "tensor"))
-        return pynvml.NVML_SUCCESS, tensor * _OF_TENSOR[metric]
 
     @staticmethod
     def _address(sample: Any) -> int:
