@@ -43,9 +43,13 @@ class AttributionConfig:
     proc_root: Path = Path("/proc")
     container_log_dir: Path = Path("/var/log/containers")
     pod_log_dir: Path = Path("/var/log/pods")
+    # A path with * is a pattern, expanded at start and once per cache TTL: the per-user
+    # sockets of rootless Podman and Docker (asked only about that user's containers).
     runtime_sockets: tuple[Path, ...] = (
         Path("/var/run/docker.sock"),
         Path("/run/podman/podman.sock"),
+        Path("/run/user/*/podman/podman.sock"),
+        Path("/run/user/*/docker.sock"),
     )
     cache_ttl_seconds: float = 60.0
     api_timeout_seconds: float = 1.0

@@ -1,8 +1,9 @@
 """Attribution: GPU process id → container → Kubernetes pod, without the Kubernetes API.
 
 ``cgroup`` parses ``/proc/<pid>/cgroup`` (pure), ``kubelet`` indexes the kubelet's log
-directories, ``runtime_api`` asks the Docker/Podman API for names, and ``attributor`` ties
-them together with caching and error counting.
+directories, ``runtime_api`` asks the Docker/Podman API for names (``runtime_sockets``
+says which sockets, rootless users' included), and ``attributor`` ties them together
+with caching and error counting.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Per call, ``<proc_root>/<pid>/cgroup`` and ``comm`` are read afresh (PIDs are re
 what is expensive is cached: the kubelet log index is rescanned at most once per TTL (early,
 rate-limited, for a container id it does not know), and runtime API answers are cached per
 container id for the TTL, negative answers included. A runtime socket whose daemon does
-not answer is skipped for the TTL.
+not answer is skipped for the TTL. Rootless runtimes' per-user sockets are found by the
+patterns among ``runtime_sockets`` and asked only about their own user's containers
+(:mod:`edge_agent.attribute.runtime_sockets`).
 
 Per-PID problems never raise; they are counted by reason in :meth:`Attributor.errors`:
 
@@ -35,18 +37,19 @@ from pathlib import Path
 
 from edge_agent.attribute.cgroup import HOST_CGROUP, CgroupRef, parse_cgroup
 from edge_agent.attribute.kubelet import KubeletLogIndex, PodRef
-from edge_agent.attribute.runtime_api import (
-    ContainerInfo,
-    EngineClient,
-    RuntimeApiError,
-    RuntimeDownError,
-)
+from edge_agent.attribute.runtime_api import ContainerInfo, RuntimeApiError, RuntimeDownError
+from edge_agent.attribute.runtime_sockets import RuntimeSockets
 
 __all__ = ["HOST", "Attribution", "Attributor"]
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_RUNTIME_SOCKETS = (Path("/var/run/docker.sock"), Path("/run/podman/podman.sock"))
+DEFAULT_RUNTIME_SOCKETS = (
+    Path("/var/run/docker.sock"),
+    Path("/run/podman/podman.sock"),
+    Path("/run/user/*/podman/podman.sock"),  # rootless Podman (podman.socket of each user)
+    Path("/run/user/*/docker.sock"),  # rootless Docker
+)
 _ENGINE_RUNTIMES = frozenset({"docker", "podman", ""})  # runtimes a Docker-API socket may know
 
 
@@ -101,8 +104,10 @@ class Attributor:
             clock=clock,
             on_error=self._count,
         )
-        self._engines = tuple(EngineClient(path, timeout=api_timeout) for path in runtime_sockets)
-        self._engine_down_until = [-math.inf] * len(self._engines)
+        self._engines = RuntimeSockets(
+            runtime_sockets, timeout=api_timeout, refresh=cache_ttl, clock=clock
+        )
+        self._engine_down_until: dict[Path, float] = {}  # socket → skipped until
         self._answers: dict[str, tuple[float, _EngineAnswer]] = {}  # id → (expiry, answer)
         self._sweep_at = -math.inf
 
@@ -133,8 +138,7 @@ class Attributor:
 
     def close(self) -> None:
         """Close the runtime API clients; the attributor must not be used afterwards."""
-        for engine in self._engines:
-            engine.close()
+        self._engines.close()
 
     # -- resolution -------------------------------------------------------------------
 
@@ -142,7 +146,7 @@ class Attributor:
         pod = self._kubelet.lookup(ref.container_id, ref.pod_uid) if ref.pod_uid else None
         answer = _NO_ANSWER
         if ref.container_id and ref.runtime in _ENGINE_RUNTIMES:
-            answer = self._engine_answer(ref.container_id)
+            answer = self._engine_answer(ref.container_id, ref.owner_uid)
         info = answer.info or ContainerInfo()
         if pod is None:
             pod = PodRef(pod_name=info.pod_name, namespace=info.namespace)
@@ -157,24 +161,24 @@ class Attributor:
             process_name=comm,
         )
 
-    def _engine_answer(self, container_id: str) -> _EngineAnswer:
+    def _engine_answer(self, container_id: str, owner_uid: int | None) -> _EngineAnswer:
         now = self._clock()
         cached = self._answers.get(container_id)
         if cached is not None and now < cached[0]:
             return cached[1]
-        answer = self._ask_engines(container_id, now)
+        answer = self._ask_engines(container_id, owner_uid, now)
         self._sweep(now)
         self._answers[container_id] = (now + self._ttl, answer)
         return answer
 
-    def _ask_engines(self, container_id: str, now: float) -> _EngineAnswer:
-        for index, engine in enumerate(self._engines):
-            if now < self._engine_down_until[index]:
+    def _ask_engines(self, container_id: str, owner_uid: int | None, now: float) -> _EngineAnswer:
+        for engine in self._engines.for_container(owner_uid):
+            if now < self._engine_down_until.get(engine.socket, -math.inf):
                 continue
             try:
                 info = engine.inspect(container_id)
             except RuntimeDownError as exc:
-                self._engine_down_until[index] = now + self._ttl
+                self._engine_down_until[engine.socket] = now + self._ttl
                 # str(): a log record must not keep the exception (and its socket) alive
                 _log.warning("%s; not asked again for %.0f s", str(exc), self._ttl)
                 self._count("runtime_api")

@@ -28,6 +28,13 @@ Path segments that name a container, innermost first:
 A segment ``pod<uid>`` (cgroupfs) or ``…-pod<uid>.slice`` (systemd, dashes written as
 underscores) above the container gives the pod uid; static pods have a 32-hex uid.
 Relative paths (``0::/../../kubepods.slice/…``, seen from inside a cgroup namespace) work.
+
+A segment ``user@<uid>.service`` above the container (a user's systemd manager) marks a
+rootless runtime and gives its owner: rootless Podman puts a container in
+``/user.slice/user-<uid>.slice/user@<uid>.service/user.slice/libpod-<id>.scope`` (a pod's
+in ``…/user.slice/user-libpod_pod_<pod>.slice/libpod-<id>.scope``, crun may add
+``/container``), rootless Docker in ``…/user@<uid>.service/user.slice/docker-<id>.scope``.
+Only that user's runtime socket can name such a container (see ``runtime_sockets``).
 """
 
 from __future__ import annotations
@@ -42,11 +49,13 @@ __all__ = ["HOST_CGROUP", "CgroupRef", "parse_cgroup", "parse_cgroup_path"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CgroupRef:
-    """Where a process sits: full container id (64 hex, ``""`` on the host), runtime, pod uid."""
+    """Where a process sits: full container id (64 hex, ``""`` on the host), runtime, pod
+    uid, and for a rootless runtime's container the uid of the user who runs it."""
 
     container_id: str = ""
     runtime: str = ""
     pod_uid: str = ""
+    owner_uid: int | None = None  # from ``user@<uid>.service``; None: not a user's container
 
 
 HOST_CGROUP = CgroupRef()
@@ -67,6 +76,7 @@ _RUNTIME_BY_PREFIX = {
     "libpod": "podman",
     "nerdctl": "containerd",
 }
+_USER_MANAGER_SEGMENT = re.compile(r"user@(?P<uid>[0-9]{1,10})\.service")
 # Parent directory of a bare ``<64hex>`` segment that names its runtime (cgroupfs driver).
 _RUNTIME_BY_PARENT = {"docker": "docker", "libpod_parent": "podman"}
 
@@ -112,6 +122,7 @@ def parse_cgroup_path(path: str) -> CgroupRef:
             container_id=match.group("id"),
             runtime=runtime,
             pod_uid=_pod_uid(segments[:index]),
+            owner_uid=_owner_uid(segments[:index]),
         )
     pod_uid = _pod_uid(segments)
     return CgroupRef(pod_uid=pod_uid) if pod_uid else HOST_CGROUP
@@ -125,6 +136,14 @@ def _pod_uid(segments: list[str]) -> str:
     return ""
 
 
+def _owner_uid(segments: list[str]) -> int | None:
+    for segment in reversed(segments):
+        match = _USER_MANAGER_SEGMENT.fullmatch(segment)
+        if match is not None:
+            return int(match.group("uid"))
+    return None
+
+
 def _best(found: list[CgroupRef]) -> CgroupRef:
     """The container id seen on most lines; runtime and pod uid from any line that has them."""
     counts = Counter(ref.container_id for ref in found if ref.container_id)
@@ -136,4 +155,5 @@ def _best(found: list[CgroupRef]) -> CgroupRef:
         container_id=winner,
         runtime=next((ref.runtime for ref in same if ref.runtime), ""),
         pod_uid=next((ref.pod_uid for ref in same if ref.pod_uid), ""),
+        owner_uid=next((ref.owner_uid for ref in same if ref.owner_uid is not None), None),
     )

@@ -6,16 +6,25 @@ from httpx escapes this module.
 
 =======================  ============================================================
 socket missing           ``None``: this runtime is not installed, nothing to report
+not its owner's socket   ``None`` (``owner`` given: a symlink now, or another uid's file)
 ``404``                  ``None``: not a container of this runtime
 ``200``                  :class:`ContainerInfo`
 connect error, timeout   :class:`RuntimeDownError` (the daemon is down or hung)
+answer too slow          :class:`RuntimeDownError` (over ``4 x timeout`` in all)
 other status, bad JSON   :class:`RuntimeApiError`
+answer over 1 MiB        :class:`RuntimeApiError` (``docker inspect`` is a few KiB)
 =======================  ============================================================
+
+A user's rootless runtime is that user's program: its answer is read within a size and
+time bound, so a hostile one can cost the agent at most that.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +44,7 @@ __all__ = [
 POD_NAME_LABEL = "io.kubernetes.pod.name"
 POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
 CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
+MAX_ANSWER_BYTES = 1 << 20
 
 
 class RuntimeApiError(AgentError):
@@ -100,17 +110,20 @@ class EngineClient:
     """One Docker Engine (or Podman) API socket; the HTTP client is made on first use.
 
     ``runtime`` is a guess from the path: ``"podman"`` if it says so, else ``"docker"``.
+    With ``owner`` (a socket found in a user's directory) the path must still be a socket
+    of that uid, not a symlink, when a request is made.
     """
 
-    def __init__(self, socket: Path, *, timeout: float) -> None:
+    def __init__(self, socket: Path, *, timeout: float, owner: int | None = None) -> None:
         self.socket = socket
+        self.owner = owner
         self.runtime = "podman" if "podman" in str(socket) else "docker"
         self._timeout = timeout
         self._client: httpx.Client | None = None
 
     def inspect(self, container_id: str) -> ContainerInfo | None:
         """The container's info; ``None`` if the socket is missing or the id unknown (404)."""
-        if not os.path.exists(self.socket):
+        if not self._present():
             return None
         if self._client is None:
             self._client = httpx.Client(
@@ -120,23 +133,48 @@ class EngineClient:
                 trust_env=False,  # an HTTP_PROXY in the environment must not capture this
             )
         try:
-            response = self._client.get(f"/containers/{container_id}/json")
+            status, body = self._get(f"/containers/{container_id}/json")
         except (httpx.TransportError, OSError) as exc:
             raise RuntimeDownError(f"{self.socket}: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise RuntimeApiError(f"{self.socket}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code == 404:
+        if status == 404:
             return None
-        if response.status_code != 200:
+        if status != 200:
             raise RuntimeApiError(
-                f"{self.socket}: GET /containers/{container_id[:12]}/json answered"
-                f" {response.status_code}"
+                f"{self.socket}: GET /containers/{container_id[:12]}/json answered {status}"
             )
         try:
-            payload: object = response.json()
+            payload: object = json.loads(body)
         except ValueError as exc:
             raise RuntimeApiError(f"{self.socket}: container JSON is not JSON: {exc}") from exc
         return parse_inspect(payload)
+
+    def _present(self) -> bool:
+        if self.owner is None:
+            return os.path.exists(self.socket)
+        try:
+            st = os.lstat(self.socket)
+        except OSError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and st.st_uid == self.owner
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        """Status and body, the body read within MAX_ANSWER_BYTES and 4 x timeout."""
+        assert self._client is not None
+        deadline = time.monotonic() + 4 * self._timeout
+        body = bytearray()
+        # Raw bytes, identity asked for: a compressed answer cannot expand past the bound.
+        with self._client.stream("GET", path, headers={"Accept-Encoding": "identity"}) as response:
+            for chunk in response.iter_raw():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise RuntimeApiError(f"{self.socket}: answer over {MAX_ANSWER_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise RuntimeDownError(
+                        f"{self.socket}: answer still incomplete after {4 * self._timeout:g} s"
+                    )
+            return response.status_code, bytes(body)
 
     def close(self) -> None:
         if self._client is not None:

@@ -11,6 +11,7 @@ CID2 = "173939f128334165c78443e4045d3e7cee45795f3c7b3029c72b3388215bfe2e"
 UID = "f69b516a-c807-11ea-b574-e8611f15cb84"
 UID_ = UID.replace("-", "_")
 STATIC_UID = "7e2f0a0e8d1b4c6a9f3e5d7c1b2a4f6e"  # static pods: md5 of the manifest, no dashes
+USER_1000 = "/user.slice/user-1000.slice/user@1000.service"  # user 1000's systemd manager
 
 V1_CONTROLLERS = (
     "12:pids",
@@ -95,10 +96,29 @@ LAYOUTS = {
     ),
     "crio cgroupfs v1": (v1(f"/kubepods/besteffort/pod{UID}/crio-{CID}"), CID, "crio", UID),
     "podman rootful": (v2(f"/machine.slice/libpod-{CID}.scope"), CID, "podman", ""),
-    "podman rootless": (
-        v2(f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope"),
+    "podman rootless": (v2(f"{USER_1000}/user.slice/libpod-{CID}.scope"), CID, "podman", ""),
+    "podman rootless nested": (
+        v2(f"{USER_1000}/user.slice/libpod-{CID}.scope/container"),
         CID,
         "podman",
+        "",
+    ),
+    "podman rootless in a pod": (
+        v2(f"{USER_1000}/user.slice/user-libpod_pod_{CID2}.slice/libpod-{CID}.scope/container"),
+        CID,
+        "podman",
+        "",
+    ),
+    "docker rootless systemd v2": (
+        v2(f"{USER_1000}/user.slice/docker-{CID}.scope"),
+        CID,
+        "docker",
+        "",
+    ),
+    "docker rootless, another user": (
+        v2(f"/user.slice/user-4242.slice/user@4242.service/user.slice/docker-{CID}.scope"),
+        CID,
+        "docker",
         "",
     ),
     "podman nested": (v2(f"/machine.slice/libpod-{CID}.scope/container"), CID, "podman", ""),
@@ -134,13 +154,40 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("text", "container_id", "runtime", "pod_uid"), LAYOUTS.values(), ids=LAYOUTS.keys()
-)
-def test_container_layouts(text: str, container_id: str, runtime: str, pod_uid: str) -> None:
+# Layouts of rootless runtimes: the uid of the user whose runtime runs the container.
+OWNERS = {
+    "podman rootless": 1000,
+    "podman rootless nested": 1000,
+    "podman rootless in a pod": 1000,
+    "docker rootless systemd v2": 1000,
+    "docker rootless, another user": 4242,
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_container_layouts(layout: str) -> None:
+    text, container_id, runtime, pod_uid = LAYOUTS[layout]
     assert parse_cgroup(text) == CgroupRef(
-        container_id=container_id, runtime=runtime, pod_uid=pod_uid
+        container_id=container_id, runtime=runtime, pod_uid=pod_uid, owner_uid=OWNERS.get(layout)
     )
+
+
+def test_a_user_session_above_a_rootful_container_is_no_owner() -> None:
+    """Only ``user@<uid>.service`` names an owner, not ``user-<uid>.slice`` alone (a session
+    scope holds no containers) nor a lookalike segment."""
+    for path in (
+        f"/user.slice/user-1000.slice/session-3.scope/docker-{CID}.scope",
+        f"/system.slice/user@x.service/docker-{CID}.scope",
+        f"/system.slice/xuser@1000.service/docker-{CID}.scope",
+    ):
+        assert parse_cgroup(v2(path)) == CgroupRef(container_id=CID, runtime="docker"), path
+
+
+def test_owner_survives_the_vote_across_lines() -> None:
+    rootless = f"{USER_1000}/user.slice/libpod-{CID}.scope"
+    text = v1(rootless, cpuset="/", systemd=rootless) + "0::/\n"
+    ref = parse_cgroup(text)
+    assert ref is not None and (ref.container_id, ref.owner_uid) == (CID, 1000)
 
 
 def test_seed_file_from_the_field() -> None:
