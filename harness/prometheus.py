@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import httpx
 
@@ -128,10 +129,16 @@ class Completeness:
         )
 
 
+# Fields computed from two NVML samples one interval apart (GPM profiling, NVLink rates):
+# an agent's first collection after it starts cannot have them.
+TWO_SAMPLE_PREFIXES: Final = ("DCGM_FI_PROF_", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
+
+
 def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> Completeness:
     """Every series of ``node`` must have a sample at every collection between its first and
-    last sample; the collection counter must count up by one from sample to sample (a restart
-    of the agent starts it again at 1)."""
+    last sample (a two-sample rate: except an agent's first collection after it started);
+    the collection counter must count up by one from sample to sample (a restart of the
+    agent starts it again at 1)."""
     data = receiver.raw(f'{{Hostname="{node}"}}', window_s=window_s, at=at)
     data.update(receiver.raw(f'{{NodeName="{node}"}}', window_s=window_s, at=at))
     counter = [
@@ -147,6 +154,7 @@ def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> 
             result.missing.append(f"collections_total jumps from {prev} to {value} at {t}")
     times = [t for t, _ in ticks]
     index = {t: i for i, t in enumerate(times)}
+    first_after_start = {t for t, value in ticks if value == 1}
     for key, samples in data.items():
         result.series += 1
         have = [t for t, _ in samples]
@@ -156,6 +164,9 @@ def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> 
         if not inside:
             continue
         expected = times[index[inside[0]] : index[inside[-1]] + 1]
+        if json.loads(key)["__name__"].startswith(TWO_SAMPLE_PREFIXES):
+            # a rate over two samples has no value in an agent's first collection
+            expected = [t for t in expected if t not in first_after_start]
         result.expected += len(expected)
         result.found += len(inside)
         lost = sorted(set(expected) - set(inside))
