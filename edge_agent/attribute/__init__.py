@@ -4,6 +4,10 @@
 directories, ``runtime_api`` asks the Docker/Podman API for names (``runtime_sockets``
 says which sockets, rootless users' included), and ``attributor`` ties them together
 with caching and error counting.
+
+The other direction, GPU → container → pod, comes from the kubelet itself: ``pod_resources``
+asks its pod-resources API (``edge_agent.podresources``) which container holds which GPU,
+and ``device_ids`` reads the device plugins' ids (UUIDs, MIG, replicas, indices).
 """
 
 from __future__ import annotations
