@@ -20,7 +20,7 @@ Figures:
     ``gpurelay_gateway_batches_total`` counter on ``/metrics`` is refreshed by the 1 s tick
     and is cross-checked at the end). Nothing is subtracted: the 1 s tick, keepalives and
     one API read are in it; the idle CPU over an equal window is shown beside it.
-    Target: <= 100 us per 8-GPU batch.
+    Target: <= 150 us per 8-GPU batch (and <= 15 % of one core at 1,000 nodes at 1 s).
 (b) bytes per steady-state batch, as written into the SSH channel after the wire's
     compression (``Tunnel.stats.bytes_sent`` delta / ``batches_sent`` delta per node over
     the window; SSH framing and encryption not included). Median and p95 over nodes.
@@ -28,6 +28,8 @@ Figures:
 
 Run: .venv/bin/python bench/gateway_ingest.py [--nodes 100] [--gpus 8] [--interval 1]
      [--seconds 20] [--idle-seconds SECONDS] [--warmup 5] [--spread 30]
+     [--profile FILE]   (py-spy record of the gateway over the measurement window,
+                         raw/collapsed stacks; needs py-spy on PATH or in the venv)
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ from harness.waiting import wait_for
 SEED = 7
 DATA_STEP = 10.0  # simulated seconds between two collections (the agent's default interval)
 TIMESTAMP_JITTER = 0.02  # a real collection loop starts a few ms late; so do these stamps
-CPU_TARGET_US = 100.0
+CPU_TARGET_US = 150.0
+CORE_TARGET = 0.15  # share of one core at 1,000 nodes, 1 s
 BYTES_TARGET = 512
 CONNECT_TIMEOUT = 90.0
 SETTLE_SECONDS = 1.5  # after the last connect: handshakes and their logging are over
@@ -144,31 +147,47 @@ class GatewayClient:
 
 
 class RecordingStats(TunnelStats):
-    """``TunnelStats`` that also notes when each batch was written and each acknowledgement
-    arrived, and the size of every frame before the first batch (HELLO, DECLARE, BATCH).
+    """``TunnelStats`` that also notes when each batch was written and when it was
+    acknowledged, and the size of every frame before the first batch (HELLO, DECLARE,
+    BATCH).
 
     The tunnel only ever assigns to its public ``stats`` fields, so watching those
-    assignments needs nothing private. The gateway acknowledges every batch, in order, on
-    the channel it came by: without a reconnect, the n-th acknowledgement is the n-th batch
-    (the sequence numbers themselves start wherever the tunnel chooses).
+    assignments needs nothing private. A batch is identified by its sequence number (the
+    outbox's ``latest`` when ``batches_sent`` goes up: the tunnel sends the newest
+    snapshot and counts it without yielding in between). ``acked_seq`` is the highest
+    acknowledged seq, and the gateway acknowledges in order on one channel, so an increase
+    from ``a`` to ``b`` acknowledges every sent seq in ``(a, b]`` -- however many ACKs (or
+    a range) arrived in one read. Counting increases instead undercounts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, outbox: Any = None) -> None:
+        self.outbox = outbox  # the tunnel's Outbox: its public ``latest`` names the seq
         self.sent_at: list[float] = []
-        self.acked_at: list[float] = []
+        self.sent_seqs: list[int] = []
+        self.acked_at: list[float] = []  # acked_at[i] is for sent_seqs[i]
         self.first_frames: list[int] = []
         super().__init__()
 
     def __setattr__(self, name: str, value: Any) -> None:
         seen = self.__dict__
-        if name in seen:  # an update by the tunnel, not the dataclass __init__
+        if name in seen and "first_frames" in seen:  # an update by the tunnel
             if name == "bytes_sent" and seen["batches_sent"] == 0:
                 self.first_frames.append(value - seen["bytes_sent"])
             elif name == "batches_sent" and value > seen[name]:
+                latest = getattr(self.outbox, "latest", None)
+                self.sent_seqs.append(latest[0] if latest is not None else -1)
                 self.sent_at.append(time.monotonic())
             elif name == "acked_seq" and value > seen[name]:
-                self.acked_at.append(time.monotonic())
+                now = time.monotonic()
+                sent, acked = self.sent_seqs, self.acked_at
+                while len(acked) < len(sent) and sent[len(acked)] <= value:
+                    acked.append(now)
         super().__setattr__(name, value)
+
+    @property
+    def unacked(self) -> int:
+        """Batches sent and not yet acknowledged."""
+        return len(self.sent_seqs) - len(self.acked_at)
 
 
 @dataclass
@@ -218,7 +237,7 @@ def make_nodes(
             gpus=hello_gpus,
         )
         tunnel = Tunnel(cfg, node=name, hello=_constant(hello))
-        stats = RecordingStats()
+        stats = RecordingStats(tunnel.outbox)
         tunnel.stats = stats
         nodes.append(Node(name, tunnel, stats, start=k % spread))
     return nodes
@@ -334,6 +353,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
             print(f"gateway exited with status {status}", file=sys.stderr)
 
 
+async def start_profiler(path: str, pid: int, seconds: float) -> Any:
+    """py-spy sampling the gateway for the window (it adds a little CPU of its own, in
+    its own process, not the gateway's)."""
+    exe = Path(sys.executable).with_name("py-spy")
+    cmd = [str(exe) if exe.exists() else "py-spy", "record", "--pid", str(pid)]
+    cmd += ["--duration", str(max(1, int(seconds))), "--format", "raw", "--output", path]
+    cmd += ["--rate", "200", "--nonblocking"]
+    return await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+
+
 async def stop_agents(nodes: Sequence[Node]) -> None:
     tasks = [t for n in nodes for t in (n.sender, n.task) if t is not None]
     for task in tasks:
@@ -397,16 +428,19 @@ async def measure(
     )
 
     # 4. measurement window
+    profiler = await start_profiler(args.profile, gw.pid, args.seconds) if args.profile else None
     w0 = await take(gw, client, nodes)
     await asyncio.sleep(args.seconds)
     w1 = await take(gw, client, nodes)
+    if profiler is not None:
+        await profiler.wait()
 
     # 5. stop sending, let the acks drain, cross-check the gateway's own counters
     for node in nodes:
         if node.sender is not None:
             node.sender.cancel()
     await wait_for(
-        lambda: all(len(node.stats.acked_at) >= node.stats.batches_sent for node in nodes),
+        lambda: all(node.stats.unacked == 0 for node in nodes),
         DRAIN_TIMEOUT,
         "the last acknowledgements",
         poll=0.1,
@@ -459,23 +493,33 @@ def report(
     fulls = [s.stats.first_frames[2] for s in nodes if len(s.stats.first_frames) == 3]
 
     connects = sum(node.stats.connects for node in nodes)
-    latencies: list[float] = []
-    if connects == len(nodes):  # no reconnect: the n-th ack is for the n-th batch
-        for i, node in enumerate(nodes):
-            sent_at, acked_at = node.stats.sent_at, node.stats.acked_at
-            for b in range(w0.batches_sent[i], min(w1.batches_sent[i], len(acked_at))):
-                latencies.append((acked_at[b] - sent_at[b]) * 1000)
+    latencies: list[float] = []  # acked_at[b] is for sent_seqs[b] (see RecordingStats)
+    for i, node in enumerate(nodes):
+        sent_at, acked_at = node.stats.sent_at, node.stats.acked_at
+        for b in range(w0.batches_sent[i], min(w1.batches_sent[i], len(acked_at))):
+            latencies.append((acked_at[b] - sent_at[b]) * 1000)
 
     print(f"measurement window: {wall:.1f} s")
     print(
         label("batches applied by the gateway")
         + f"{batches} ({batches / wall:.1f} batches/s; {args.nodes / args.interval:.1f} offered)"
     )
-    print(label("(a) gateway CPU per batch") + f"{cpu_us:.0f} us   ({verdict} target <= 100 us)")
+    print(
+        label("(a) gateway CPU per batch")
+        + f"{cpu_us:.0f} us   ({verdict} target <= {CPU_TARGET_US:.0f} us: "
+        f"{cpu_us / CPU_TARGET_US:.2f}x the target)"
+    )
     print(
         label("    gateway CPU in the window")
         + f"{cpu * 1000:.0f} ms = {cpu / wall * 100:.1f}% of one core "
-        f"(utime+stime, {tick_ms:.0f} ms ticks; nothing subtracted)"
+        f"(utime+stime, {tick_ms:.0f} ms ticks; nothing subtracted; "
+        f"{cpu / wall / CORE_TARGET:.2f}x the 15% target, {os.cpu_count()} cores here)"
+    )
+    busy = max(cpu / wall - idle_cpu / idle_wall, 0.0)
+    print(
+        label("    ingest over idle")
+        + f"{busy / max(idle_cpu / idle_wall, 1e-9):.1f}x the idle CPU rate "
+        f"({busy * 1e6 / max(batches / wall, 1e-9):.0f} us per batch above idle)"
     )
     print(
         label("    idle baseline, equal window")
@@ -549,6 +593,7 @@ def main() -> int:
         "--idle-seconds", type=float, default=None, help="idle window (default: --seconds)"
     )
     parser.add_argument("--warmup", type=int, default=5, help="batches skipped after the first")
+    parser.add_argument("--profile", default=None, help="py-spy raw output file (gateway)")
     parser.add_argument(
         "--spread", type=int, default=30, help="node k starts at collection k mod SPREAD"
     )
