@@ -404,9 +404,21 @@ async def measure(
     connects = sum(node.stats.connects for node in nodes)
     print(f"connect: {n} nodes connected in {connect_seconds:.1f} s ({connects} connects)")
 
-    # 2. idle window: connected, nothing sent (the 1 s tick, keepalives, one API read)
+    # 2. idle window: connected, nothing sent (the 1 s tick, keepalives, one API read).
+    # The gateway closes a connection silent for 6 intervals + 2 s (cloud_gateway.liveness):
+    # end the window 1 s before the first-connected node would be closed (a reconnect
+    # storm of every node at 1,000 nodes otherwise).
+    silent_for = time.monotonic() - t0
+    idle_seconds = min(args.idle_seconds, 6 * args.interval + 2 - 1 - silent_for)
+    if idle_seconds < args.idle_seconds:
+        print(
+            f"idle window shortened to {max(idle_seconds, 0.5):.1f} s: nodes silent for "
+            f"{silent_for:.1f} s already, the gateway closes them after "
+            f"{6 * args.interval + 2:g} s"
+        )
+    idle_seconds = max(idle_seconds, 0.5)
     idle0 = await take(gw, client, nodes)
-    await asyncio.sleep(args.idle_seconds)
+    await asyncio.sleep(idle_seconds)
     idle1 = await take(gw, client, nodes)
     if idle1.gateway_batches != idle0.gateway_batches:
         raise BenchError("batches arrived during the idle window")
