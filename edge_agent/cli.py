@@ -41,7 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--counters", type=Path, help="dcgm-exporter counters CSV")
     run = sub.add_parser("run", parents=[common], help="collect and serve until stopped")
     run.add_argument("--listen", help="HOST:PORT for /metrics (default 127.0.0.1:9400)")
-    run.add_argument("--interval", type=float, metavar="SECONDS", help="collection interval")
+    run.add_argument("--interval", type=float, metavar="SECONDS", help="device collection interval")
+    run.add_argument(
+        "--process-interval",
+        type=float,
+        metavar="SECONDS",
+        help="process list and attribution interval (default: config, 10 s); not changed "
+        "by --interval",
+    )
     once = sub.add_parser("once", parents=[common], help="print one collection and exit")
     once.add_argument("--format", choices=("prometheus", "json", "bie"), default="prometheus")
     return p
@@ -69,7 +76,8 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         changes["listen"] = args.listen
     if getattr(args, "interval", None):
         changes["interval_seconds"] = args.interval
-        changes["process_interval_seconds"] = args.interval
+    if getattr(args, "process_interval", None):
+        changes["process_interval_seconds"] = args.process_interval
     return dataclasses.replace(cfg, **changes)
 
 

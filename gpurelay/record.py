@@ -49,6 +49,21 @@ _HEAD: Final = struct.Struct(">qI")
 _MAX_TIMESTAMP_MS: Final = 2**62
 _MAX_REMEMBERED: Final = 200_000  # checked series keys kept by one encoder or decoder
 _HEADERS_KEPT: Final = 8  # series lists a decoder keeps, parsed
+_ZLIB_HEADER: Final = b"\x78\x9c"  # deflate, 32 KiB window, default level: what zlib writes
+_U32: Final = struct.Struct(">I")
+# A non-final stored deflate block of _HEAD.size bytes: LEN, NLEN (little endian).
+_STORED_PREFIX: Final = b"\x00" + struct.pack("<HH", _HEAD.size, 0xFFFF ^ _HEAD.size)
+_VALUES_DEFLATE: Final = zlib.compressobj(1, zlib.DEFLATED, -15)  # copied, never fed
+_ADLER_MOD: Final = 65521
+
+
+def _adler32_concat(a: int, b: int, b_len: int) -> int:
+    """adler32(x + y) from a = adler32(x), b = adler32(y) and len(y) (zlib's combine)."""
+    a1, a2 = a & 0xFFFF, a >> 16
+    b1, b2 = b & 0xFFFF, b >> 16
+    s1 = (a1 + b1 - 1) % _ADLER_MOD
+    s2 = (a2 + b2 + b_len * (a1 - 1)) % _ADLER_MOD
+    return (s2 << 16) | s1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,29 +84,63 @@ class RecordEncoder:
         self._bad: set[SeriesKey] = set()
         self._last_keys: list[SeriesKey] = []
         self._last_json = b"[]"
+        self._head_deflated: bytes | None = None
+        self._head_adler = 1
+        self._last_raw: list[SeriesKey] | None = None  # the last snapshot's series, as given
+        self._pick: list[int] | None = None  # which of them went in (None: all)
 
     def encode(self, snapshot: Snapshot) -> bytes:
-        seen: set[SeriesKey] = set()
-        keys: list[SeriesKey] = []
-        values: list[float] = []
-        limit = self._limits.max_series
-        for sample in snapshot.samples:
-            key = (sample.name, sample.labels)
-            if key in seen or not self._acceptable(key):
-                continue
-            if len(values) >= limit:
-                break
-            seen.add(key)
-            keys.append(key)
-            values.append(float(sample.value))
+        samples = snapshot.samples
+        raw = [(sample.name, sample.labels) for sample in samples]
+        if raw != self._last_raw:  # new series, or gone: pick again which ones go in
+            self._last_raw = raw
+            self._pick = self._select(raw)
+        pick = self._pick
+        if pick is None:
+            keys = raw
+            values = [float(sample.value) for sample in samples]
+        else:
+            keys = [raw[i] for i in pick]
+            values = [float(samples[i].value) for i in pick]
         if keys != self._last_keys:
             meta = [[name, [part for pair in labels for part in pair]] for name, labels in keys]
             self._last_keys = keys
             self._last_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
+            self._head_deflated = None
         head = self._last_json
         ts_ms = round(snapshot.timestamp * 1000)
-        body = _HEAD.pack(ts_ms, len(head)) + head + struct.pack(f">{len(values)}d", *values)
-        return MAGIC + zlib.compress(body, self._level)
+        prefix = _HEAD.pack(ts_ms, len(head))
+        packed = struct.pack(f">{len(values)}d", *values)
+        if self._head_deflated is None:
+            # The series list is compressed once per list, not once per record.
+            c = zlib.compressobj(self._level, zlib.DEFLATED, -15)
+            self._head_deflated = c.compress(head) + c.flush(zlib.Z_FULL_FLUSH)
+            self._head_adler = zlib.adler32(head)
+        # The zlib stream of the same body as zlib.compress(body) would make, built from
+        # independent byte-aligned raw deflate parts: the 12-byte prefix as a stored block,
+        # the cached series list, then the values (level 1: floats gain little from more).
+        lead = _STORED_PREFIX + prefix
+        tail = _VALUES_DEFLATE.copy()
+        rest = tail.compress(packed) + tail.flush(zlib.Z_FINISH)
+        check = _adler32_concat(zlib.adler32(prefix), self._head_adler, len(head))
+        check = zlib.adler32(packed, check)
+        parts = (MAGIC, _ZLIB_HEADER, lead, self._head_deflated, rest, _U32.pack(check))
+        return b"".join(parts)
+
+    def _select(self, raw: list[SeriesKey]) -> list[int] | None:
+        """Indexes of the series that go in (first of a repeat, acceptable, within the
+        limit); None when that is all of them."""
+        seen: set[SeriesKey] = set()
+        pick: list[int] = []
+        limit = self._limits.max_series
+        for i, key in enumerate(raw):
+            if key in seen or not self._acceptable(key):
+                continue
+            if len(pick) >= limit:
+                break
+            seen.add(key)
+            pick.append(i)
+        return None if len(pick) == len(raw) else pick
 
     def _acceptable(self, key: tuple[str, Labels]) -> bool:
         if key in self._ok:

@@ -27,10 +27,12 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
+from typing import TYPE_CHECKING
 
 from edge_agent.errors import AgentError
+
+if TYPE_CHECKING:  # imported on first use: most nodes have no Docker/Podman socket (1 MB RSS)
+    import httpx
 
 __all__ = [
     "ContainerInfo",
@@ -125,6 +127,8 @@ class EngineClient:
         """The container's info; ``None`` if the socket is missing or the id unknown (404)."""
         if not self._present():
             return None
+        import httpx
+
         if self._client is None:
             self._client = httpx.Client(
                 transport=httpx.HTTPTransport(uds=str(self.socket)),

@@ -89,3 +89,14 @@ def test_node_name_precedence() -> None:
     assert resolve_node_name("", {"KUBE_NODE_NAME": "k", "NODE_NAME": "n"}) == "k"
     assert resolve_node_name("", {"NODE_NAME": "n"}) == "n"
     assert resolve_node_name("", {}) != ""
+
+
+def test_interval_flag_leaves_the_process_interval_alone() -> None:
+    """``--interval 1`` must not run the process list and attribution every second too."""
+    from edge_agent.cli import _config, _parser
+
+    args = _parser().parse_args(["run", "--interval", "1"])
+    cfg = _config(args)
+    assert (cfg.interval_seconds, cfg.process_interval_seconds) == (1.0, 10.0)
+    args = _parser().parse_args(["run", "--interval", "1", "--process-interval", "5"])
+    assert _config(args).process_interval_seconds == 5.0

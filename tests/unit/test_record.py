@@ -52,6 +52,31 @@ def test_a_real_collection_and_the_series_cache() -> None:
         assert records[1].series is records[2].series
 
 
+def test_a_record_is_one_zlib_stream_of_the_documented_body_as_the_series_come_and_go() -> None:
+    """The encoder deflates the series list once per list and splices the parts; the
+    result must stay one plain zlib stream (checksum included) of the same body."""
+    encoder = RecordEncoder()
+    bad = Sample("bad name", (), 9.0)
+    steps = [
+        [Sample("temp", (("gpu", "0"),), 1.0)],
+        [Sample("temp", (("gpu", "0"),), 2.5)],  # same series, new value
+        [Sample("temp", (("gpu", "0"),), 3.0), bad, Sample("temp", (("gpu", "1"),), -0.0)],
+        [],
+        [Sample("temp", (("gpu", "1"),), math.inf), Sample("temp", (("gpu", "1"),), 7.0)],
+    ]
+    for i, samples in enumerate(steps):
+        data = encoder.encode(snap(*samples, ts=1_790_000_000 + i))
+        body = zlib.decompress(data[len(MAGIC) :])  # verifies the adler32 too
+        keys = list(dict.fromkeys((s.name, s.labels) for s in samples if s is not bad))
+        values = [next(s.value for s in samples if (s.name, s.labels) == k) for k in keys]
+        head = json.dumps(
+            [[n, [p for pair in labels for p in pair]] for n, labels in keys],
+            separators=(",", ":"),
+        ).encode()
+        packed = struct.pack(f">{len(values)}d", *values)
+        assert body == struct.pack(">qI", (1_790_000_000 + i) * 1000, len(head)) + head + packed
+
+
 def test_series_the_gateway_would_refuse_are_left_out_and_repeats_once() -> None:
     good = Sample("temp", (("gpu", "0"),), 1.0)
     rec = decode_record(

@@ -1,0 +1,244 @@
+"""The running agent binary's own cost: CPU per cycle and RSS over time, tunnel and spool on.
+
+Setup: a real gateway (``python -m cloud_gateway run``) and a real agent (``python -m
+edge_agent run``) on loopback, 8 simulated GPUs with 8 processes each, collecting every
+second, spool on, pushing through the SSH tunnel; the process-attribution interval is the
+default (10 s) unless ``--process-interval`` says otherwise. After a warm-up, the agent's
+CPU time (utime + stime of /proc/PID/stat, all threads) and RSS (VmRSS) are sampled every
+second. Printed: CPU ms per cycle, RSS at start and end and its slope per hour (least
+squares over every sample), the core count, and, measured in this same run and process
+tree, the device cycle alone (in this bench process, with and without the simulator's own
+Python cost) as the reference the whole binary is compared against.
+
+The simulator computes every NVML answer in Python inside the agent; the row "minus the
+simulator" subtracts its cost measured here, which predicts a real box better.
+
+Targets (issue 15): <= 3 ms CPU per 1 s cycle, RSS <= 60 MB and flat.
+
+Run: .venv/bin/python bench/agent_binary.py [--seconds 120] [--warmup 15] [--profile 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.agent_cycle import GPUS, PROCS_PER_GPU, ReplayNvml, _cpu_ms
+from edge_agent import simhost
+from edge_agent.app import Backend, build_pipeline
+from edge_agent.config import load
+from edge_agent.nvml.simulator import SimulatedNvml
+from gpurelay.model import SampleSink
+from harness.fleet import make_pki
+from harness.ports import free_ports
+from harness.process import HarnessError, Process, clean_env
+from harness.services import GatewayProc
+from harness.waiting import wait_until
+
+
+def device_cycle(cycles: int) -> tuple[float, float]:
+    """Median CPU ms of one device cycle in this process: with the simulator, agent alone."""
+    clock_now = [1_790_000_000.0]
+    with tempfile.TemporaryDirectory() as tmp:
+        pids = simhost.default_pids(GPUS * PROCS_PER_GPU)
+        host = simhost.build(Path(tmp), pids)
+        base = load(None, {})
+        cfg = dataclasses.replace(
+            base, node_name="bench", attribution=simhost.attribution_config(host, base.attribution)
+        )
+
+        def sim() -> SimulatedNvml:
+            s = SimulatedNvml(
+                GPUS, clock=lambda: clock_now[0], pids=pids, processes_per_gpu=PROCS_PER_GPU
+            )
+            s.nvmlInit()
+            return s
+
+        full = build_pipeline(Backend(sim(), "simulated", cfg), clock=lambda: clock_now[0])
+        dev = full.collection._device
+        dev.collect(SampleSink())
+
+        def advance() -> None:
+            clock_now[0] += 1.0
+
+        with_sim = _cpu_ms(lambda: dev.collect(SampleSink()), cycles, advance)
+        full.close()
+        replay = build_pipeline(Backend(ReplayNvml(sim()), "simulated", cfg))  # type: ignore[arg-type]
+        rdev = replay.collection._device
+        rdev.collect(SampleSink())
+        alone = _cpu_ms(lambda: rdev.collect(SampleSink()), cycles, lambda: None)
+        replay.close()
+    return statistics.median(with_sim), statistics.median(alone)
+
+
+def agent_toml(tmp: Path, pki: object, gateway: GatewayProc, port: int, pinterval: float) -> Path:
+    creds = pki.node("bench-node")  # type: ignore[attr-defined]
+    ca = pki.ca  # type: ignore[attr-defined]
+    extra = f"process_interval_seconds = {pinterval}\n" if pinterval else ""
+    path = tmp / "agent.toml"
+    path.write_text(
+        f"""node_name = "bench-node"
+listen = "127.0.0.1:{port}"
+interval_seconds = 1.0
+{extra}
+[simulate]
+gpus = {GPUS}
+processes_per_gpu = {PROCS_PER_GPU}
+
+[gateway]
+address = "127.0.0.1:{gateway.ssh_port}"
+known_hosts = "{ca.known_hosts}"
+key = "{creds.private_key}"
+certificate = "{creds.certificate}"
+
+[spool]
+directory = "{tmp / "spool"}"
+"""
+    )
+    return path
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    xs = [t for t, _ in points]
+    ys = [v for _, v in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in points) / den * 3600 if den else 0.0
+
+
+def profile(pid: int, seconds: int, out: Path) -> None:
+    """py-spy record (raw collapsed stacks) and print the top functions by own samples."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("py-spy not installed (pip install py-spy): no profile")
+        return
+    raw = out / "agent.collapsed"
+    subprocess.run(
+        f"{spy} record --pid {pid} -d {seconds} -r 1000 --threads -f raw -o {raw}".split(),
+        check=False,
+        capture_output=True,
+    )
+    own: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    busy = 0
+    for line in raw.read_text().splitlines() if raw.exists() else []:
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        leaf = frames[-1]
+        if any(w in leaf for w in ("select (", "epoll", "wait (threading", "_worker (")):
+            continue  # idle: waiting for the next cycle or event
+        n = int(count)
+        busy += n
+        own[leaf] += n
+        for f in set(frames[1:]):
+            incl[f] += n
+    print(f"py-spy, {seconds} s at 1000 Hz: {busy} busy samples (excluding idle waits)")
+    print("  top own:")
+    for name, n in own.most_common(15):
+        print(f"    {n:5d} {100 * n / max(busy, 1):5.1f}%  {name}")
+    print("  top inclusive:")
+    for name, n in incl.most_common(25):
+        print(f"    {n:5d} {100 * n / max(busy, 1):5.1f}%  {name}")
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each of the process's threads."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(OSError):
+            stat = (task / "stat").read_text()
+            rest = stat[stat.rindex(")") + 2 :].split()
+            out[int(task.name)] = (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=int, default=120, help="measured span after warm-up")
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--process-interval", type=float, default=0.0, help="0: the default")
+    p.add_argument("--profile", type=int, default=0, help="py-spy for this many seconds")
+    p.add_argument("--cycles", type=int, default=300, help="in-process device cycles")
+    args = p.parse_args()
+    print(f"python {sys.version.split()[0]} on {os.uname().machine}, {os.cpu_count()} CPUs")
+    sim_ms, alone_ms = device_cycle(args.cycles)
+    with tempfile.TemporaryDirectory(prefix="agent-binary-") as tmp_:
+        tmp = Path(tmp_)
+        pki = make_pki(tmp)
+        gateway = GatewayProc(pki, tmp)
+        (port,) = free_ports(1)
+        config = agent_toml(tmp, pki, gateway, port, args.process_interval)
+        agent = Process(
+            "agent",
+            [sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
+            tmp / "agent.log",
+            clean_env("EDGE_AGENT_"),
+        )
+        gateway.start()
+        try:
+            wait_until(gateway.ready, 30, "the gateway", alive=(gateway,))
+            agent.start()
+            url = f"http://127.0.0.1:{port}/metrics"
+            wait_until(
+                lambda: httpx.get(url, timeout=1).status_code == 200,
+                30,
+                "the agent's /metrics",
+                poll=0.2,
+                alive=(agent,),
+            )
+            wait_until(lambda: "connected to gateway" in agent.log.read_text(), 30, "the tunnel")
+            time.sleep(args.warmup)
+            start, t0 = agent.sample(), time.monotonic()
+            points = [(0.0, start.rss_kib / 1024)]
+            while time.monotonic() - t0 < args.seconds:
+                time.sleep(1.0)
+                agent.check_alive()
+                points.append((time.monotonic() - t0, agent.sample().rss_kib / 1024))
+            end, elapsed = agent.sample(), time.monotonic() - t0
+            threads = thread_cpu(agent.pid)
+            time.sleep(10)
+            threads = {k: v - threads.get(k, 0.0) for k, v in thread_cpu(agent.pid).items()}
+            if args.profile:  # after the measured span: py-spy's sampling costs the agent CPU
+                profile(agent.pid, args.profile, tmp)
+            gw_text = gateway.metrics()
+        except HarnessError as exc:
+            print(exc, file=sys.stderr)
+            print(agent.tail(), file=sys.stderr)
+            sys.exit(1)
+        finally:
+            agent.stop()
+            gateway.stop()
+    cycles = elapsed / 1.0
+    cpu_ms = (end.cpu_seconds - start.cpu_seconds) * 1000 / cycles
+    sim_cost = sim_ms - alone_ms
+    rows = sum(1 for line in gw_text.splitlines() if "bench-node" in line)
+    print(f"setup: {GPUS} simulated GPUs x {PROCS_PER_GPU} processes, 1 s interval, spool on,")
+    print(f"  tunnel to a gateway on loopback ({rows} of this node's series there)")
+    print(f"device cycle in this process, with simulator   {sim_ms:7.3f} ms (median)")
+    print(f"device cycle in this process, agent alone      {alone_ms:7.3f} ms (median)")
+    print(f"agent binary CPU per cycle ({elapsed:.0f} s)          {cpu_ms:7.3f} ms")
+    print(f"  minus the simulator's own cost               {cpu_ms - sim_cost:7.3f} ms")
+    print(f"  ratio to the device cycle (with simulator)   {cpu_ms / sim_ms:7.2f}x")
+    print(f"agent RSS start -> end        {points[0][1]:6.1f} -> {points[-1][1]:6.1f} MB")
+    print(f"agent RSS slope (fit over {len(points)} samples)  {slope_per_hour(points):+7.2f} MB/h")
+    busy = ", ".join(f"{v * 100:.1f}" for v in sorted(threads.values(), reverse=True) if v)
+    print(f"CPU ms per cycle by thread, 10 s after the span: {busy}")
+    print(f"agent peak RSS                {end.peak_rss_kib / 1024:6.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
