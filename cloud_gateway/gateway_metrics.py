@@ -86,7 +86,8 @@ CHANNELS = _family("gpurelay_gateway_channels", "gauge", "Open telemetry channel
 BODIES = _family(
     "gpurelay_gateway_metrics_bodies_built_total",
     "counter",
-    "/metrics bodies (and their gzip) built; scrapes of an unchanged body share one.",
+    "Rebuilds of /metrics' fleet part and gzip passes over its changed pieces; "
+    "scrapes of unchanged device data share them.",
 )
 PROXY = _family(
     "gpurelay_gateway_proxy_requests_total",

@@ -21,11 +21,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
 from multidict import CIMultiDict
 from yarl import URL
 
 from cloud_gateway.endpoints import EndpointTable
-from cloud_gateway.exposition import Exposition, bie_document
+from cloud_gateway.exposition import Body, Exposition, bie_document
 from cloud_gateway.http_listener import ConnectionGuard, Throttled
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
@@ -272,15 +274,34 @@ async def service_discovery(request: web.Request) -> web.Response:
     return web.json_response(groups)
 
 
+class ChunksPayload(Payload):
+    """A :class:`~cloud_gateway.exposition.Body` sent as it is kept: its shared chunks
+    (gzip members when compressed) written one after another under one Content-Length,
+    never joined into one copy of the body."""
+
+    def __init__(self, body: Body, content_type: str) -> None:
+        super().__init__(body, content_type=content_type)
+        self._size = body.size
+        self._chunks = body.chunks
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._chunks).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        for chunk in self._chunks:
+            await writer.write(chunk)
+
+
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     om = wants_openmetrics(request.headers.get("Accept", ""))
     gz = "gzip" in request.headers.get("Accept-Encoding", "")
-    body = await state.exposition.body_async(openmetrics=om, gzip=gz)
-    headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE}
+    body = await state.exposition.scrape_async(openmetrics=om, gzip=gz)
+    content_type = OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE
+    headers = {"Content-Type": content_type, "Content-Length": str(body.size)}
     if gz:
         headers["Content-Encoding"] = "gzip"
-    return web.Response(body=body, headers=headers)
+    return web.Response(body=ChunksPayload(body, content_type), headers=headers)
 
 
 async def bie_collect(request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,14 +175,56 @@ def test_body_is_shared_until_something_changes(
 async def test_concurrent_scrapers_share_one_compression_off_the_loop(fleet: Fleet) -> None:
     expo = fleet.expo
     built = expo.bodies_built
-    packed = await asyncio.gather(*(expo.body_async(openmetrics=True, gzip=True) for _ in range(5)))
-    assert all(p is packed[0] for p in packed)
-    assert expo.bodies_built == built + 2  # the plain OpenMetrics body and its gzip
-    assert gzip.decompress(packed[0]) == expo.body(openmetrics=True, gzip=False)
-    assert await expo.body_async(openmetrics=True, gzip=True) is packed[0]
-    assert expo.body(openmetrics=True, gzip=True) is packed[0]
-    plain = await expo.body_async(openmetrics=False, gzip=False)
-    assert plain is expo.body(openmetrics=False, gzip=False)
+    bodies = await asyncio.gather(
+        *(expo.scrape_async(openmetrics=True, gzip=True) for _ in range(5))
+    )
+    assert all(b.chunks == bodies[0].chunks for b in bodies)
+    first = bodies[0].chunks[:-1]  # the trailer (CRC, length) is made per scrape
+    assert all(x is y for b in bodies for x, y in zip(b.chunks[:-1], first, strict=True))
+    assert expo.bodies_built == built + 2  # the fleet pieces, then one pass compressing them
+    packed = bodies[0].join()
+    assert bodies[0].size == len(packed) and bodies[0].gzip
+    assert gzip.decompress(packed) == expo.body(openmetrics=True, gzip=False)
+    assert expo.body(openmetrics=True, gzip=True) == packed
+    plain = await expo.scrape_async(openmetrics=False, gzip=False)
+    assert plain.join() == expo.body(openmetrics=False, gzip=False)
+
+
+async def test_own_metrics_and_liveness_leave_the_fleet_part_alone(fleet: Fleet) -> None:
+    """The gateway's own families change every tick and last_seen every batch; neither
+    re-joins nor recompresses a fleet piece: only the small tail is new."""
+    reg, expo = fleet.reg, fleet.expo
+    first = await expo.scrape_async(openmetrics=False, gzip=True)
+    built = expo.bodies_built
+    counter = (OWN[0], [Sample("gpurelay_gateway_batches_total", (), 43.0)])
+    expo.set_extra([counter])
+    fleet.agents["edge-a"].send([], now=T0 + 5)  # a batch without values: last_seen moves
+    second = await expo.scrape_async(openmetrics=False, gzip=True)
+    assert expo.bodies_built == built
+    # all but the tail's deflate and the trailer (CRC, length) are the very same bytes
+    assert all(x is y for x, y in zip(first.chunks[:-2], second.chunks[:-2], strict=True))
+    text = gzip.decompress(second.join())
+    assert text.endswith(b"gpurelay_gateway_batches_total 43\n")
+    assert b'gpurelay_node_last_seen_timestamp_seconds{Hostname="edge-a"} 1790000005\n' in text
+    assert reg.generation and text == expo.body(openmetrics=False, gzip=False)
+
+
+async def test_a_changed_block_recompresses_only_its_piece(fleet: Fleet) -> None:
+    expo, snaps = fleet.expo, fleet.snaps
+    first = await expo.scrape_async(openmetrics=True, gzip=True)
+    util = next(
+        i for i, s in enumerate(snaps["edge-b"].samples) if s.name == "DCGM_FI_DEV_GPU_UTIL"
+    )
+    fleet.agents["edge-b"].send([(util, 99.0)], now=T0 + 10)
+    second = await expo.scrape_async(openmetrics=True, gzip=True)
+    fresh = [y for x, y in zip(first.chunks, second.chunks, strict=True) if x is not y]
+    assert len(fresh) == 3  # the piece of DCGM_FI_DEV_GPU_UTIL, the tail, the trailer
+    assert b"DCGM_FI_DEV_GPU_UTIL{" in zlib.decompressobj(-zlib.MAX_WBITS).decompress(fresh[0])
+    packed = second.join()
+    assert gzip.decompress(packed) == expo.body(openmetrics=True, gzip=False)
+    one = zlib.decompressobj(zlib.MAX_WBITS | 16)  # as httpx and curl read: one member
+    assert one.decompress(packed) == expo.body(openmetrics=True, gzip=False)
+    assert one.eof and not one.unused_data
 
 
 def test_a_batch_rerenders_only_the_blocks_it_touched(
