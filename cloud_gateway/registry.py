@@ -6,12 +6,14 @@ The SSH server calls it as frames arrive; the exposition and the HTTP API read i
 Node stamping (:mod:`cloud_gateway.node_labels`, with ``RegistryConfig.node_label``)
 happens once, when a series is declared (validation happened before, in
 the wire decoder: :mod:`gpurelay.wire.rules`; the registry adds only the gateway's own
-policy, reserved name prefixes and family types). Each series keeps its exposition line,
-made by the :class:`LineFormat` the registry is given (the text format lives in
-:mod:`cloud_gateway.exposition`; the registry only stores the bytes): the line prefix is
-made once, at declaration, so a batch only formats the values that changed. Lines are
-grouped into (family, node) blocks; a batch marks the blocks it touched dirty and bumps
-:attr:`Registry.generation`.
+policy, reserved name prefixes and family types). Series are held in (family, node) blocks
+(:class:`cloud_gateway.registry_records.Group`): packed float64 values and the block's
+text as last rendered. A series' line prefix is made once, at the first render of its
+block, by the :class:`LineFormat` the registry is given (the text format lives in
+:mod:`cloud_gateway.exposition`; the registry only stores the bytes), and lives in the
+block's text from then on; a batch only stores values and marks its blocks dirty (and
+bumps :attr:`Registry.generation`); values are formatted when a dirty block is rendered
+for a scrape, only the ones that changed.
 
 Series ids belong to a connection; series *records* belong to the node. A reconnecting
 agent re-declares its series and they bind to the existing records (same name and
@@ -211,7 +213,9 @@ class Registry:
         if n is None:
             return []
         return [
-            (s.labels, s.value) for g in n.groups.values() for s in g.members if s.value is not None
+            (s.labels, value)
+            for g in n.groups.values()
+            for s, value in zip(g.members, g.values, strict=True)
         ]
 
     def expire(self, now: float) -> list[str]:
@@ -280,9 +284,9 @@ class Registry:
         if n is None:
             return []
         return [
-            (s.labels[1:], s.value)
+            (s.labels[1:], g.values[s.pos])
             for s in n.tracked
-            if s.value is not None and s.fs.family.name == family
+            if (g := s.group) is not None and s.fs.family.name == family
         ]
 
     def family_blocks(self) -> list[tuple[Family, list[bytes]]]:
@@ -325,9 +329,9 @@ class Registry:
     def _set(
         self, n: NodeRecord, values: tuple[tuple[int, float], ...], *, only_new: bool
     ) -> tuple[int, int]:
-        """Store values, re-format their lines, dirty their blocks: (changed, unknown)."""
+        """Store values, note which changed, dirty their blocks: (changed, unknown). No
+        formatting here: a dirty block formats its changed values when it is rendered."""
         ids = n.ids
-        value_bytes = self.lines.value
         dirty: set[Group] = set()
         changed = unknown = 0
         for sid, raw in values:
@@ -337,15 +341,16 @@ class Registry:
                     unknown += 1
                 continue
             value = float(raw)
-            if s.value == value or (only_new and s.value is not None):
-                continue
-            s.value = value
-            s.line = line = s.line[: s.cut] + value_bytes(value)
             g = s.group
             if g is None:
-                g = self._go_live(n, s)
+                g = self._go_live(n, s, value)
             else:
-                g.lines[s.pos] = line
+                pos = s.pos
+                if only_new or g.values[pos] == value:
+                    continue
+                g.values[pos] = value
+                if g.changed is not None:
+                    g.changed.add(pos)
             dirty.add(g)
             changed += 1
         for g in dirty:
@@ -369,7 +374,7 @@ class Registry:
                 f"family {sd.name} is a {fs.family.type} (first declared by node "
                 f"{fs.first_node!r}); this series declares it a {sd.type}",
             )
-        labels = stamp_node(sd.labels, n.name, self.config.node_label)
+        labels = n.shared(stamp_node(sd.labels, n.name, self.config.node_label))
         identity = policy.identity(sd.name, labels)
         s = n.series.get(identity)
         if s is not None:  # a record from an earlier connection (or a duplicate)
@@ -402,15 +407,14 @@ class Registry:
         sd: SeriesDecl,
         fs: FamilyState | None,
         labels: Labels,
-        identity: tuple[str, Labels],
+        identity: bytes,
     ) -> SeriesRecord:
         if fs is None:
             fs = self._families[sd.name] = FamilyState(
                 Family(name=sd.name, type=sd.type, help=sd.help), n.name
             )
             self._family_order = None
-        prefix = self.lines.prefix(sd.name, labels)
-        s = SeriesRecord(fs, prefix, (("__name__", sd.name), *labels), n.conn_id, sd.id)
+        s = SeriesRecord(fs, (fs.name_label, *labels), n.conn_id, sd.id)
         s.identity, s.cost = identity, policy.label_bytes(sd.name, labels)
         fs.refs += 1
         n.series[identity] = s
@@ -432,24 +436,21 @@ class Registry:
             name, labels
         )
 
-    def _go_live(self, n: NodeRecord, s: SeriesRecord) -> Group:
+    def _go_live(self, n: NodeRecord, s: SeriesRecord, value: float) -> Group:
         """A series joins its (family, node) block when its first value arrives."""
         fs = s.fs
         g = n.groups.get(fs.family.name)
         if g is None:
             g = n.groups[fs.family.name] = fs.groups[n.name] = Group(fs)
             fs.ordered = None
-        s.group, s.pos = g, len(g.members)
-        g.members.append(s)
-        g.lines.append(s.line)
+        g.add(s, value)
         return g
 
     def _remove(self, n: NodeRecord, s: SeriesRecord) -> None:
         fs, g = s.fs, s.group
         if g is not None:
-            del g.members[s.pos], g.lines[s.pos]
-            for later in g.members[s.pos :]:
-                later.pos -= 1
+            g.remove(s.pos)
+            s.group = None
             g.block = fs.blocks = None
             if not g.members:
                 del n.groups[fs.family.name], fs.groups[n.name]
@@ -478,10 +479,11 @@ class Registry:
             self._family_order = None
 
     def _render(self, g: Group) -> bytes:
-        if g.block is None:
-            g.block = b"".join(g.lines)
+        block = g.block
+        if block is None:
+            block = g.render(self.lines)
             self.blocks_rendered += 1
-        return g.block
+        return block
 
     def _state(self, n: NodeRecord, now: float) -> NodeState:
         if not n.connected or n.arrivals is None:

@@ -1,69 +1,138 @@
 """The registry's records: one per node, one per series, one block per (family, node).
 
 Plain data with slots, changed only by :class:`cloud_gateway.registry.Registry`; kept in a
-module of their own so the registry reads as what it does with them."""
+module of their own so the registry reads as what it does with them. A block
+(:class:`Group`) keeps its values packed and its text as last rendered; the prefixes of
+its lines live in that text, so a held series costs its text, a record and its label
+tuple (label pairs shared within a node), not a line of its own per value."""
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
+from itertools import accumulate
+from typing import Final
 
 from cloud_gateway.liveness import Arrivals
-from cloud_gateway.registry_types import NodeError, NodeState, NodeView
+from cloud_gateway.registry_types import LineFormat, NodeError, NodeState, NodeView
 from gpurelay.model import Family, Labels
 from gpurelay.wire import Hello
 
 
 class FamilyState:
-    __slots__ = ("blocks", "family", "first_node", "groups", "ordered", "refs")
+    __slots__ = ("blocks", "family", "first_node", "groups", "name_label", "ordered", "refs")
 
     def __init__(self, family: Family, first_node: str) -> None:
         self.family = family
         self.first_node = first_node
+        self.name_label = ("__name__", family.name)  # shared by the family's label tuples
         self.groups: dict[str, Group] = {}  # node -> block of that node's lines
         self.ordered: list[Group] | None = None  # groups by node name
         self.blocks: list[bytes] | None = None  # their bytes, in that order
         self.refs = 0  # series records of this family, live or not
 
 
-class Group:
-    """One (family, node) block: its live series and their lines, in the same order."""
+NOT_IN_TEXT: Final = 0xFFFFFFFF  # a start of a member whose line is not in the text yet
 
-    __slots__ = ("block", "fs", "lines", "members")
+
+class Group:
+    """One (family, node) block, compact: its live series, their values packed as
+    float64, and the block's text as last rendered, which holds every rendered member's
+    ``NAME{labels} `` prefix (made from the member's labels at its first render: nothing
+    is formatted for a block nobody scrapes). A batch stores values and notes which
+    changed; :meth:`render` makes the new text from slices of the old one and formats
+    only the changed values (lazily: when a scrape asks, not per batch)."""
+
+    __slots__ = ("block", "changed", "fs", "members", "plens", "starts", "text", "values")
 
     def __init__(self, fs: FamilyState) -> None:
         self.fs = fs
         self.members: list[SeriesRecord] = []
-        self.lines: list[bytes] = []  # lines[i] is members[i].line: a block is one join
-        self.block: bytes | None = None
+        self.values = array("d")  # values[i] is members[i]'s value
+        self.text = b""  # the block as last rendered
+        self.starts = array("I")  # where members[i]'s line starts in text, or NOT_IN_TEXT
+        self.plens = array("I")  # the length of members[i]'s prefix (once in text)
+        self.changed: set[int] | None = set()  # positions changed since text; None: all
+        self.block: bytes | None = None  # text, while it is current
+
+    def add(self, s: SeriesRecord, value: float) -> None:
+        s.group, s.pos = self, len(self.members)
+        self.members.append(s)
+        self.values.append(value)
+        self.starts.append(NOT_IN_TEXT)
+        self.plens.append(0)
+
+    def remove(self, pos: int) -> None:
+        del self.members[pos], self.values[pos], self.starts[pos], self.plens[pos]
+        for later in self.members[pos:]:
+            later.pos -= 1
+        self.changed = None  # positions moved: format every value at the next render
+
+    def render(self, lines: LineFormat) -> bytes:
+        """The block's new text: when only values changed, the old text in runs between
+        them, and those values formatted; else every line made again (a member's prefix
+        from the old text or, before its first render, from its labels)."""
+        old, starts, plens, values = self.text, self.starts, self.plens, self.values
+        value_bytes = lines.value
+        changed = self.changed
+        if changed is not None and NOT_IN_TEXT not in starts:
+            parts: list[bytes] = []
+            shifts: list[tuple[int, int]] = []  # (first member moved, by how much)
+            pos = 0  # in old
+            index = old.index
+            for i in sorted(changed):
+                cut = starts[i] + plens[i]
+                end = index(b"\n", cut) + 1
+                value = value_bytes(values[i])
+                parts.append(old[pos:cut])
+                parts.append(value)
+                if len(value) != end - cut:
+                    shifts.append((i + 1, len(value) - end + cut))
+                pos = end
+            parts.append(old[pos:])
+            new_starts = starts
+            if shifts:  # most new values have as many digits as the old: nothing moves
+                new_starts = starts[: shifts[0][0]]
+                shift = 0
+                for (first, delta), (last, _) in zip(
+                    shifts, [*shifts[1:], (len(starts), 0)], strict=True
+                ):
+                    shift += delta
+                    new_starts.extend(map(shift.__add__, starts[first:last]))
+        else:
+            prefix_of, name = lines.prefix, self.fs.family.name
+            parts = []
+            for i, (s, start, v) in enumerate(zip(self.members, starts, values, strict=True)):
+                if start == NOT_IN_TEXT:
+                    prefix = prefix_of(name, s.labels[1:])
+                    plens[i] = len(prefix)
+                else:
+                    prefix = old[start : start + plens[i]]
+                parts.append(prefix + value_bytes(v))
+            new_starts = array("I", accumulate(map(len, parts), initial=0))
+            new_starts.pop()
+        self.text = self.block = b"".join(parts)
+        self.starts, self.changed = new_starts, set()
+        return self.text
 
 
 class SeriesRecord:
-    __slots__ = (
-        "conn",
-        "cost",
-        "cut",
-        "fs",
-        "group",
-        "identity",
-        "labels",
-        "line",
-        "pos",
-        "sid",
-        "value",
-    )
+    __slots__ = ("conn", "cost", "fs", "group", "identity", "labels", "pos", "sid")
 
-    def __init__(self, fs: FamilyState, prefix: bytes, labels: Labels, conn: int, sid: int) -> None:
-        self.identity: tuple[str, Labels] = ("", ())  # set by the registry
+    def __init__(self, fs: FamilyState, labels: Labels, conn: int, sid: int) -> None:
+        self.identity = b""  # set by the registry: series_policy.identity
         self.cost = 0  # label bytes, against the node's budget
         self.fs = fs
         self.labels = labels  # (("__name__", name), *stamped labels): the remote write key
-        self.line = prefix  # b'NAME{labels} ' until a value arrives, then + b'VALUE\n'
-        self.cut = len(prefix)
-        self.value: float | None = None
         self.group: Group | None = None  # set while the series has a value
         self.pos = 0  # index in the group
         self.conn = conn
         self.sid = sid
+
+    @property
+    def value(self) -> float | None:
+        g = self.group
+        return None if g is None else g.values[self.pos]
 
 
 class NodeRecord:
@@ -86,10 +155,20 @@ class NodeRecord:
         self.ids: dict[int, SeriesRecord] = {}  # ids of the current connection
         self.rejected: set[int] = set()  # ids of the current connection that were refused
         # every record, bound to the connection or not, by identity (name, sorted labels)
-        self.series: dict[tuple[str, Labels], SeriesRecord] = {}
+        self.series: dict[bytes, SeriesRecord] = {}
+        self.pairs: dict[tuple[str, str], tuple[str, str]] = {}  # label pairs, shared
         self.label_bytes = 0  # of those records
         self.groups: dict[str, Group] = {}  # family name -> group
         self.tracked: set[SeriesRecord] = set()  # of the tracked families
+
+    def shared(self, labels: Labels) -> Labels:
+        """``labels`` made of the node's shared label pairs (a GPU's UUID, model and
+        driver are on most of its series: one pair object each, not one per series). The
+        table is only a cache: it is emptied when it outgrows the node's series."""
+        pairs = self.pairs
+        if len(pairs) > 2 * len(self.series) + 4096:
+            pairs.clear()
+        return tuple([pairs.setdefault(p, p) for p in labels])
 
     def view(self, state: NodeState) -> NodeView:
         h = self.hello

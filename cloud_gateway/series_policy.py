@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Final
 
 from gpurelay.model import Labels
@@ -64,10 +65,14 @@ class Refusal:
     message: str
 
 
-def identity(name: str, labels: Labels) -> tuple[str, Labels]:
+def identity(name: str, labels: Labels) -> bytes:
     """What makes two series the same series: the name and the *set* of labels (their
-    order on the wire means nothing to Prometheus, so it means nothing here)."""
-    return name, tuple(sorted(labels))
+    order on the wire means nothing to Prometheus, so it means nothing here), as a 16-byte
+    digest of an unambiguous (length-prefixed) text of both: a key of 49 bytes rather
+    than a tuple of the sorted labels per held series."""
+    text = "".join(f"{len(k)}:{k}{len(v)}:{v}" for k, v in sorted(labels))
+    key = f"{len(name)}:{name}{text}".encode(errors="surrogatepass")
+    return blake2b(key, digest_size=16).digest()
 
 
 def label_bytes(name: str, labels: Labels) -> int:
