@@ -174,7 +174,8 @@ def main() -> None:
                 f"{len(pg_body) / 1e6:.1f} MB pushgateway): ours after new data {us:.1f} ms, "
                 f"pushgateway {pg:.1f} ms: {pg / us:.1f}x  target >= 50x"
             )
-        server.loop.call_soon_threadsafe(server.loop.stop)
+        ours.close()
+        server.close()
     finally:
         pgw.terminate()
         pgw.wait(10)
