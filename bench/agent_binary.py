@@ -150,9 +150,21 @@ def profile(pid: int, seconds: int, out: Path) -> None:
     print("  top own:")
     for name, n in own.most_common(15):
         print(f"    {n:5d} {100 * n / max(busy, 1):5.1f}%  {name}")
+    print("  own, by where the leaf lives:")
+    for name, n in by_place(own).most_common(8):
+        print(f"    {n:5d} {100 * n / max(busy, 1):5.1f}%  {name}")
     print("  top inclusive:")
     for name, n in incl.most_common(25):
         print(f"    {n:5d} {100 * n / max(busy, 1):5.1f}%  {name}")
+
+
+def by_place(own: collections.Counter[str]) -> collections.Counter[str]:
+    """Own samples by package (``asyncssh``, ``asyncio``, ``edge_agent``...)."""
+    out: collections.Counter[str] = collections.Counter()
+    for frame, n in own.items():
+        where = frame.rpartition("(")[2].split("/")[0].rstrip(")").split(":")[0]
+        out[where] += n
+    return out
 
 
 def thread_cpu(pid: int) -> dict[int, float]:

@@ -79,6 +79,8 @@ class SnapshotEncoder:
         self._fresh = True  # nothing declared on the current connection yet
         self.rejected: dict[SeriesKey, str] = {}  # series left out for good, and why
         self.over_limit = 0  # series left out of the last snapshot for Limits.max_series
+        self._last_raw: list[SeriesKey] | None = None  # the last snapshot's series, as given
+        self._order: list[tuple[int, int]] = []  # their ids, by index of first sample
 
     @property
     def next_seq(self) -> int:
@@ -92,23 +94,16 @@ class SnapshotEncoder:
         """Frames for one collection; ``seq`` (increasing) replaces the encoder's own count."""
         if seq is not None:
             self._seq = seq
-        families = {f.name: f for f in snapshot.families}
-        self.over_limit = 0
-        current: dict[int, float] = {}
+        samples = snapshot.samples
+        raw = [(sample.name, sample.labels) for sample in samples]
         new: list[SeriesDecl] = []
-        for sample in snapshot.samples:
-            key = (sample.name, sample.labels)
-            sid = self._ids.get(key)
-            if sid is None:
-                sid = self._assign(key, families.get(sample.name), snapshot.node, new)
-                if sid is None:
-                    continue
-            current.setdefault(sid, sample.value)  # a repeated series: the first one wins
-        removed = [sid for sid in self._decls if sid not in current]
-        for sid in removed:
-            decl = self._decls.pop(sid)
-            del self._ids[(decl.name, decl.labels)]
-            self._last.pop(sid, None)
+        if raw == self._last_raw and not self.over_limit:
+            # The same series in the same order as last time: the same ids, nothing new,
+            # nothing gone; only the values are read.
+            current = {sid: samples[i].value for sid, i in self._order}
+            removed: list[int] = []
+        else:
+            current, removed = self._assign_all(snapshot, raw, new)
         out: list[Frame] = []
         if self._fresh:
             declared = tuple(sorted(self._decls.values(), key=lambda d: d.id))
@@ -131,6 +126,31 @@ class SnapshotEncoder:
         self._seq += 1
         self._fresh = False
         return out
+
+    def _assign_all(
+        self, snapshot: Snapshot, raw: list[SeriesKey], new: list[SeriesDecl]
+    ) -> tuple[dict[int, float], list[int]]:
+        """Ids for every series (declaring the new ones), and the ids of those gone."""
+        families = {f.name: f for f in snapshot.families}
+        self.over_limit = 0
+        current: dict[int, float] = {}
+        order: list[tuple[int, int]] = []  # (id, index of its first sample)
+        for i, (key, sample) in enumerate(zip(raw, snapshot.samples, strict=True)):
+            sid = self._ids.get(key)
+            if sid is None:
+                sid = self._assign(key, families.get(sample.name), snapshot.node, new)
+                if sid is None:
+                    continue
+            if sid not in current:  # a repeated series: the first one wins
+                current[sid] = sample.value
+                order.append((sid, i))
+        removed = [sid for sid in self._decls if sid not in current]
+        for sid in removed:
+            decl = self._decls.pop(sid)
+            del self._ids[(decl.name, decl.labels)]
+            self._last.pop(sid, None)
+        self._last_raw, self._order = raw, order
+        return current, removed
 
     def _changed(self, current: dict[int, float]) -> list[tuple[int, float]]:
         last = self._last

@@ -153,6 +153,24 @@ def test_a_repeated_series_is_sent_once() -> None:
     assert batch.values == ((0, 50.0),)
 
 
+def test_the_same_series_again_take_the_fast_path_with_repeats_and_refusals() -> None:
+    """Same series in the same order: ids reused without lookups; the first of a repeat
+    still wins and a refused series stays out; a change of order or set goes the long way."""
+    enc = SnapshotEncoder()
+    bad = ("bad name", gpu(9), 1.0)
+    split(enc.frames(snap(temp(0, 50.0), temp(0, 99.0), bad, temp(1, 60.0))))
+    declare, batch = split(enc.frames(snap(temp(0, 51.0), temp(0, 98.0), bad, temp(1, 60.0))))
+    assert declare is None and batch.values == ((0, 51.0),) and batch.removed == ()
+    declare, batch = split(enc.frames(snap(temp(1, 61.0), temp(0, 51.0))))  # order changed
+    assert declare is None and batch.values == ((1, 61.0),)
+    declare, batch = split(enc.frames(snap(temp(1, 61.0))))
+    assert declare is None and batch.removed == (0,) and batch.values == ()
+    enc.reset()
+    declare, batch = split(enc.frames(snap(temp(1, 62.0))))
+    assert declare is not None and [d.id for d in declare.series] == [1]
+    assert batch.full and batch.values == ((1, 62.0),)
+
+
 def test_series_the_gateway_would_refuse_are_left_out(caplog: pytest.LogCaptureFixture) -> None:
     enc = SnapshotEncoder()
     bad = snap(
