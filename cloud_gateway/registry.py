@@ -8,10 +8,10 @@ happens once, when a series is declared (validation happened before, in
 the wire decoder: :mod:`gpurelay.wire.rules`; the registry adds only the gateway's own
 policy, reserved name prefixes and family types). Series are held in (family, node) blocks
 (:class:`cloud_gateway.registry_records.Group`): packed float64 values and the block's
-text as last rendered. A series' line prefix is made once, at the first render of its
-block, by the :class:`LineFormat` the registry is given (the text format lives in
+text as last rendered. A series' line prefix is made once, when its first value arrives,
+by the :class:`LineFormat` the registry is given (the text format lives in
 :mod:`cloud_gateway.exposition`; the registry only stores the bytes), and lives in the
-block's text from then on; a batch only stores values and marks its blocks dirty (and
+block's text from its first render on; a batch only stores values and marks its blocks dirty (and
 bumps :attr:`Registry.generation`); values are formatted when a dirty block is rendered
 for a scrape, only the ones that changed.
 
@@ -443,7 +443,7 @@ class Registry:
         if g is None:
             g = n.groups[fs.family.name] = fs.groups[n.name] = Group(fs)
             fs.ordered = None
-        g.add(s, value)
+        g.add(s, value, self.lines.prefix(fs.family.name, s.labels[1:]))
         return g
 
     def _remove(self, n: NodeRecord, s: SeriesRecord) -> None:

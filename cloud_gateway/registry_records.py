@@ -32,37 +32,63 @@ class FamilyState:
         self.refs = 0  # series records of this family, live or not
 
 
-NOT_IN_TEXT: Final = 0xFFFFFFFF  # a start of a member whose line is not in the text yet
+PENDING: Final = 0x80000000  # a start with this bit: the prefix is in Group.pending
 
 
 class Group:
     """One (family, node) block, compact: its live series, their values packed as
     float64, and the block's text as last rendered, which holds every rendered member's
-    ``NAME{labels} `` prefix (made from the member's labels at its first render: nothing
-    is formatted for a block nobody scrapes). A batch stores values and notes which
-    changed; :meth:`render` makes the new text from slices of the old one and formats
-    only the changed values (lazily: when a scrape asks, not per batch)."""
+    ``NAME{labels} `` prefix (a new member's prefix waits in one buffer per block, not
+    a bytes object per series). A batch stores values and notes which changed;
+    :meth:`render` makes the new text from slices of the old one and formats only the
+    changed values (lazily: when a scrape asks, not per batch)."""
 
-    __slots__ = ("block", "changed", "fs", "members", "plens", "starts", "text", "values")
+    __slots__ = (
+        "block",
+        "changed",
+        "dead",
+        "fs",
+        "members",
+        "pending",
+        "plens",
+        "starts",
+        "text",
+        "values",
+    )
 
     def __init__(self, fs: FamilyState) -> None:
         self.fs = fs
         self.members: list[SeriesRecord] = []
         self.values = array("d")  # values[i] is members[i]'s value
         self.text = b""  # the block as last rendered
-        self.starts = array("I")  # where members[i]'s line starts in text, or NOT_IN_TEXT
-        self.plens = array("I")  # the length of members[i]'s prefix (once in text)
+        self.starts = array("I")  # where members[i]'s line starts in text (or PENDING|at)
+        self.plens = array("I")  # the length of members[i]'s prefix
+        self.pending: bytearray | None = None  # prefixes of members not yet in text
+        self.dead = 0  # bytes of pending that removed members left
         self.changed: set[int] | None = set()  # positions changed since text; None: all
         self.block: bytes | None = None  # text, while it is current
 
-    def add(self, s: SeriesRecord, value: float) -> None:
+    def add(self, s: SeriesRecord, value: float, prefix: bytes) -> None:
         s.group, s.pos = self, len(self.members)
         self.members.append(s)
         self.values.append(value)
-        self.starts.append(NOT_IN_TEXT)
-        self.plens.append(0)
+        if self.pending is None:
+            self.pending = bytearray()
+        self.starts.append(PENDING | len(self.pending))
+        self.pending += prefix
+        self.plens.append(len(prefix))
 
     def remove(self, pos: int) -> None:
+        pending = self.pending
+        if pending is not None and self.starts[pos] & PENDING:
+            self.dead += self.plens[pos]
+            if self.dead > 65536 and 2 * self.dead > len(pending):  # never scraped: compact
+                self.pending, self.dead = bytearray(), 0
+                for i, start in enumerate(self.starts):
+                    if start & PENDING and i != pos:
+                        at = start ^ PENDING
+                        self.starts[i] = PENDING | len(self.pending)
+                        self.pending += pending[at : at + self.plens[i]]
         del self.members[pos], self.values[pos], self.starts[pos], self.plens[pos]
         for later in self.members[pos:]:
             later.pos -= 1
@@ -71,11 +97,12 @@ class Group:
     def render(self, lines: LineFormat) -> bytes:
         """The block's new text: when only values changed, the old text in runs between
         them, and those values formatted; else every line made again (a member's prefix
-        from the old text or, before its first render, from its labels)."""
+        from the old text or, before its first render, from the pending buffer)."""
         old, starts, plens, values = self.text, self.starts, self.plens, self.values
         value_bytes = lines.value
         changed = self.changed
-        if changed is not None and NOT_IN_TEXT not in starts:
+        pending = self.pending
+        if changed is not None and pending is None:
             parts: list[bytes] = []
             shifts: list[tuple[int, int]] = []  # (first member moved, by how much)
             pos = 0  # in old
@@ -100,19 +127,18 @@ class Group:
                     shift += delta
                     new_starts.extend(map(shift.__add__, starts[first:last]))
         else:
-            prefix_of, name = lines.prefix, self.fs.family.name
             parts = []
-            for i, (s, start, v) in enumerate(zip(self.members, starts, values, strict=True)):
-                if start == NOT_IN_TEXT:
-                    prefix = prefix_of(name, s.labels[1:])
-                    plens[i] = len(prefix)
+            for start, plen, v in zip(starts, plens, values, strict=True):
+                if start & PENDING:
+                    assert pending is not None
+                    at = start ^ PENDING
+                    parts.append(bytes(pending[at : at + plen]) + value_bytes(v))
                 else:
-                    prefix = old[start : start + plens[i]]
-                parts.append(prefix + value_bytes(v))
+                    parts.append(old[start : start + plen] + value_bytes(v))
             new_starts = array("I", accumulate(map(len, parts), initial=0))
             new_starts.pop()
         self.text = self.block = b"".join(parts)
-        self.starts, self.changed = new_starts, set()
+        self.starts, self.changed, self.pending, self.dead = new_starts, set(), None, 0
         return self.text
 
 

@@ -54,3 +54,28 @@ def test_rendered_blocks_are_the_lines_of_the_live_series(seed: int) -> None:
             if rnd.random() < 0.5:
                 got = {fam.name: b"".join(blocks) for fam, blocks in reg.family_blocks()}
                 assert got == _expected(reg, "n1")
+
+
+def test_a_block_nobody_scrapes_keeps_no_prefixes_of_removed_series() -> None:
+    reg = Registry()
+    hello = Hello(agent_version="0.1.0", node="n1", gpus=())
+    conn = reg.connect("n1", remote="r", hello=hello, now=0.0).conn_id
+    for seq in range(1, 200):  # each batch replaces the node's 10 series by 10 new ones
+        ids = range(seq * 10, seq * 10 + 10)
+        series = tuple(
+            SeriesDecl(id=j, name="fam", type="gauge", help="h", labels=(("k", f"{j:04d}" * 50),))
+            for j in ids
+        )
+        reg.declare("n1", conn, Declare(series=series))
+        values = tuple((j, float(j)) for j in ids)
+        reg.apply(
+            "n1",
+            conn,
+            Batch(seq=seq, timestamp=0.0, values=values, full=True),
+            now=0.0,
+            size_bytes=0,
+        )
+    group = reg._nodes["n1"].groups["fam"]
+    assert group.pending is not None and len(group.pending) < 2 * 65536 + 10 * 220
+    got = {fam.name: b"".join(blocks) for fam, blocks in reg.family_blocks()}
+    assert got == _expected(reg, "n1") and got["fam"].count(b"\n") == 10
