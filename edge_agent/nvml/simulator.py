@@ -74,7 +74,10 @@ def _fail(code: int) -> NoReturn:
     raise pynvml.NVMLError(code)
 
 
-@functools.lru_cache(maxsize=65536)  # pure; process slots ask the same keys every cycle
+# Pure; process slots ask the same keys every cycle. Bounded small and LRU: the noise keys
+# carry the second, so a large bound only filled up with past seconds (65536 entries held
+# ~20 MB after ten minutes of a 1 s interval, read as agent memory growth).
+@functools.lru_cache(maxsize=4096)
 def _unit(*key: object) -> float:
     """A pseudo-random number in [0, 1) determined by ``key`` (the same in every run)."""
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
