@@ -244,7 +244,12 @@ class Tunnel:
         try:
             conn = await self._handshake(host, port, sock)
         except BaseException:
-            sock.close()  # a no-op where asyncssh got far enough to close it itself
+            # asyncssh may own the socket by now: its transport unregisters and closes it
+            # a loop iteration or two later. Closing it here would free the fd number for
+            # a new socket (even the gateway's, in one process) that the old transport
+            # then unregisters. Close it after that: a no-op then, and the socket is still
+            # freed where asyncssh never took it.
+            asyncio.get_running_loop().call_later(1.0, sock.close)
             raise
         async with conn:
             try:
