@@ -7,7 +7,8 @@ import contextlib
 import itertools
 import json
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -172,3 +173,30 @@ def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> 
         lost = sorted(set(expected) - set(inside))
         result.missing.extend(f"{key} @ {t}" for t in lost[:3])
     return result
+
+
+def assert_nothing_lost(
+    receiver: Receiver,
+    node: str,
+    *,
+    started: float,
+    what: str,
+    drained: Callable[[], bool],
+    logs: Callable[[], str],
+) -> str:
+    """Wait until ``drained()`` (the agent's spool is empty and it is connected) and the
+    TSDB caught up, then assert :func:`completeness` found nothing missing or stray."""
+    try:
+        wait_until(drained, 120, "the agent's spool to drain", poll=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{logs()}") from exc
+    time.sleep(3)  # the last acknowledged batches are in the TSDB (the ACK follows the 2xx)
+    window = int(time.time() - started) + 30
+    result = completeness(receiver, node, window_s=window, at=time.time())
+    report = f"{what}: {result.summary()}"
+    print(report)
+    assert result.series > 50, report
+    assert not result.missing, f"{report}\n" + "\n".join(result.missing[:20])
+    assert not result.strays, f"{report}\n" + "\n".join(result.strays[:20])
+    assert result.found == result.expected, report
+    return report

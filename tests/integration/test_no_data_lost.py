@@ -18,7 +18,7 @@ import pytest
 
 from harness.fleet import TOKEN, Pki, make_pki
 from harness.process import Process
-from harness.prometheus import Receiver, completeness
+from harness.prometheus import Receiver, assert_nothing_lost, completeness
 from harness.services import AgentProc, GatewayProc
 from harness.waiting import wait_until
 
@@ -92,20 +92,14 @@ def gateway_value(body: str, name: str) -> float:
 
 def check(fleet: Fleet, what: str) -> str:
     """Wait for the spool to drain and the TSDB to catch up; assert nothing is missing."""
-    try:
-        wait_until(fleet.drained, 120, "the agent's spool to drain", poll=0.5)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{fleet.logs()}") from exc
-    time.sleep(3)  # the last acked batches are in the TSDB (ack follows the 2xx)
-    window = int(time.time() - fleet.started) + 30
-    result = completeness(fleet.receiver, NODE, window_s=window, at=time.time())
-    report = f"{what}: {result.summary()}"
-    print(report)
-    assert result.series > 50, report
-    assert not result.missing, f"{report}\n" + "\n".join(result.missing[:20])
-    assert not result.strays, f"{report}\n" + "\n".join(result.strays[:20])
-    assert result.found == result.expected, report
-    return report
+    return assert_nothing_lost(
+        fleet.receiver,
+        NODE,
+        started=fleet.started,
+        what=what,
+        drained=fleet.drained,
+        logs=fleet.logs,
+    )
 
 
 def test_gateway_outage_of_60s_loses_no_sample(fleet_factory: Callable[..., Fleet]) -> None:

@@ -26,7 +26,7 @@ import pytest
 
 from harness.fleet import TOKEN, make_pki
 from harness.netns import Uplink
-from harness.prometheus import Receiver, completeness
+from harness.prometheus import Receiver, assert_nothing_lost
 from harness.services import AgentProc, GatewayProc
 from harness.waiting import wait_until
 
@@ -83,20 +83,9 @@ class Site:
                 and self.agent_metric("gpurelay_agent_gateway_connected") == 1
             )
 
-        try:
-            wait_until(drained, 120, "the agent's spool to drain", poll=0.5)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.logs()}") from exc
-        time.sleep(3)  # the last acknowledged batches are in the TSDB (the ACK follows the 2xx)
-        window = int(time.time() - self.started) + 30
-        result = completeness(self.receiver, NODE, window_s=window, at=time.time())
-        report = f"{what}: {result.summary()}"
-        print(report)
-        assert result.series > 50, report
-        assert not result.missing, f"{report}\n" + "\n".join(result.missing[:20])
-        assert not result.strays, f"{report}\n" + "\n".join(result.strays[:20])
-        assert result.found == result.expected, report
-        return report
+        return assert_nothing_lost(
+            self.receiver, NODE, started=self.started, what=what, drained=drained, logs=self.logs
+        )
 
 
 def make_site(
