@@ -93,3 +93,18 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs."""
     with small_tmpfs(tmp_path / "tiny", "256k") as mnt:
         yield mnt
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A throwaway PostgreSQL server (harness.postgres) for the session; skips without
+    Debian's `postgresql`, or fails instead when CI sets EDGE_GPU_RELAY_REQUIRE_POSTGRES=1."""
+    from harness.postgres import PostgresServer, find_bindir
+
+    if find_bindir() is None:
+        msg = "PostgreSQL's initdb not found (Debian package `postgresql`)"
+        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_POSTGRES=1 makes this a failure")
+        pytest.skip(msg)
+    with PostgresServer.find().running() as dsn:
+        yield dsn

@@ -22,3 +22,12 @@ def test_required_tool_is_installed(variable: str, tool: str, package: str) -> N
     if os.environ.get(variable) != "1":
         pytest.skip(f"{variable} is not set (only CI requires {tool})")
     assert shutil.which(tool), f"{tool} missing: install the Debian package {package}"
+
+
+def test_postgresql_is_installed_when_ci_requires_it() -> None:
+    """Debian keeps initdb off PATH (/usr/lib/postgresql/<version>/bin): found the harness's way."""
+    from harness.postgres import find_bindir
+
+    if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") != "1":
+        pytest.skip("EDGE_GPU_RELAY_REQUIRE_POSTGRES is not set (only CI requires PostgreSQL)")
+    assert find_bindir() is not None, "initdb missing: install the Debian package postgresql"

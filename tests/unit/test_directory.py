@@ -1,14 +1,20 @@
-"""The embedded node directory: a real SQLite file, reopened as a restarted gateway would."""
+"""The node directory's stores: a real SQLite file and a real PostgreSQL server
+(harness.postgres), reopened as a restarted gateway would. The contract tests run against
+both; the rest are one store's own failure modes."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import sqlite3
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from cloud_gateway.directory import DirectoryError, NodeFacts
+from cloud_gateway.directory import Claim, Directory, DirectoryError, NodeFacts
+from cloud_gateway.directory_pg import PostgresDirectory
 from cloud_gateway.directory_sqlite import VERSION, SqliteDirectory
 from gpurelay.model import GpuInventory
 from gpurelay.wire import Hello
@@ -36,16 +42,37 @@ def facts(version: str = "1.0", serial: int | None = 7) -> NodeFacts:
     return NodeFacts.from_hello(hello, cert_serial=serial, remote="127.0.0.1:5000")
 
 
-async def test_the_inventory_survives_a_restart(tmp_path: Path) -> None:
-    path = tmp_path / "nodes.db"
-    d = SqliteDirectory(path, gateway="gw-a")
+Make = Callable[[str], Directory]  # a store for the gateway with this id
+_databases = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Make]:
+    """A factory of stores on one fresh directory: a file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield lambda gateway: SqliteDirectory(tmp_path / "nodes.db", gateway=gateway)
+        return
+    import asyncpg
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    name = f"directory_{next(_databases)}"
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    yield lambda gateway: PostgresDirectory(dsn.rsplit("/", 1)[0] + f"/{name}", gateway=gateway)
+
+
+async def test_the_inventory_survives_a_restart(make: Make) -> None:
+    d = make("gw-a")
     assert await d.open() == []
     claim = await d.claim("edge-1", facts(), now=100.0)
     assert (claim.epoch, claim.previous_gateway) == (1, None)
     await d.seen({"edge-1": 130.0, "edge-unknown": 131.0})
     await d.close()
 
-    again = SqliteDirectory(path, gateway="gw-a")
+    again = make("gw-a")
     [entry] = await again.open()
     assert entry.node == "edge-1"
     assert (entry.first_seen, entry.last_seen) == (100.0, 130.0)
@@ -58,8 +85,8 @@ async def test_the_inventory_survives_a_restart(tmp_path: Path) -> None:
     await again.close()
 
 
-async def test_each_claim_grows_the_epoch_and_a_stale_release_is_ignored(tmp_path: Path) -> None:
-    d = SqliteDirectory(tmp_path / "nodes.db", gateway="gw-a")
+async def test_each_claim_grows_the_epoch_and_a_stale_release_is_ignored(make: Make) -> None:
+    d = make("gw-a")
     await d.open()
     first = await d.claim("edge-1", facts("1.0"), now=10.0)
     second = await d.claim("edge-1", facts("1.1"), now=20.0)  # a newer connection
@@ -76,17 +103,24 @@ async def test_each_claim_grows_the_epoch_and_a_stale_release_is_ignored(tmp_pat
     await d.close()
 
 
-async def test_a_claim_reports_the_gateway_that_owned_the_node_before(tmp_path: Path) -> None:
-    path = tmp_path / "nodes.db"
-    a = SqliteDirectory(path, gateway="gw-a")
+async def test_a_claim_reports_the_gateway_that_owned_the_node_before(make: Make) -> None:
+    a = make("gw-a")
     await a.open()
     await a.claim("edge-1", facts(), now=1.0)
     await a.close()
-    b = SqliteDirectory(path, gateway="gw-b")  # the gateway renamed ([cluster] gateway_id)
+    b = make("gw-b")  # the gateway renamed ([cluster] gateway_id), or another gateway
     await b.open()
     claim = await b.claim("edge-1", facts(), now=2.0)
     assert (claim.epoch, claim.previous_gateway) == (2, "gw-a")
+    # the loser's late writes change nothing of the new owner's entry
     await b.close()
+    a = make("gw-a")
+    await a.open()
+    assert not await a.release("edge-1", 1, reason="late", now=3.0)
+    await a.seen({"edge-1": 99.0})
+    [entry] = await a.entries()
+    assert (entry.gateway, entry.epoch, entry.connected, entry.last_seen) == ("gw-b", 2, True, 2.0)
+    await a.close()
 
 
 async def test_a_second_gateway_on_the_same_file_is_refused(tmp_path: Path) -> None:
@@ -164,5 +198,85 @@ async def test_a_damaged_row_names_the_node(tmp_path: Path) -> None:
     conn.close()
     d = SqliteDirectory(path, gateway="gw-a")
     with pytest.raises(DirectoryError, match=r"node 'edge-1': a node's stored facts"):
+        await d.open()
+    await d.close()
+
+
+async def test_postgres_notifies_the_previous_owner_of_a_claim(postgres_dsn: str) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(postgres_dsn)
+    await admin.execute("CREATE DATABASE directory_notify")
+    await admin.close()
+    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_notify"
+    heard: list[tuple[str, str, int]] = []
+    got = asyncio.Event()
+
+    def on_claim(node: str, gateway: str, epoch: int) -> None:
+        heard.append((node, gateway, epoch))
+        if gateway == "gw-b":
+            got.set()
+
+    a = PostgresDirectory(dsn, gateway="gw-a", on_claim=on_claim)
+    b = PostgresDirectory(dsn, gateway="gw-b")
+    await a.open()
+    await b.open()
+    await a.claim("edge-1", facts(), now=1.0)
+    claim = await b.claim("edge-1", facts(), now=2.0)
+    assert claim == Claim(2, "gw-a")
+    await asyncio.wait_for(got.wait(), 10)
+    assert heard == [("edge-1", "gw-a", 1), ("edge-1", "gw-b", 2)]
+    await a.close()
+    await b.close()
+
+
+async def test_postgres_claims_of_one_node_from_many_gateways_at_once_are_serialised(
+    postgres_dsn: str,
+) -> None:
+    """Every claim gets its own epoch: no two gateways can both believe they own it."""
+    import asyncpg
+
+    admin = await asyncpg.connect(postgres_dsn)
+    await admin.execute("CREATE DATABASE directory_race")
+    await admin.close()
+    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_race"
+    stores = [PostgresDirectory(dsn, gateway=f"gw-{k}") for k in range(6)]
+    await asyncio.gather(*(s.open() for s in stores))  # six gateways migrating at once
+    claims = await asyncio.gather(
+        *(s.claim("edge-1", facts(), now=float(k)) for k in range(5) for s in stores)
+    )
+    assert sorted(c.epoch for c in claims) == list(range(1, 31))
+    [entry] = await stores[0].entries()
+    assert entry.epoch == 30
+    winner = max(claims, key=lambda c: c.epoch)
+    assert winner.epoch == 30
+    await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_postgres_unreachable_is_a_clear_error_without_the_password() -> None:
+    from harness.ports import free_ports
+
+    port = free_ports(1)[0]  # nothing listens there
+    d = PostgresDirectory(f"postgresql://relay:s3cret@127.0.0.1:{port}/relay", gateway="gw-a")
+    with pytest.raises(DirectoryError, match="cannot connect") as info:
+        await d.open()
+    assert "s3cret" not in str(info.value)
+    assert f"postgresql://relay@127.0.0.1:{port}/relay" in str(info.value)
+    await d.close()
+
+
+async def test_postgres_schema_from_a_newer_gateway_is_refused(postgres_dsn: str) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(postgres_dsn)
+    await admin.execute("CREATE DATABASE directory_future")
+    await admin.close()
+    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_future"
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("CREATE TABLE gpurelay_schema (version int NOT NULL)")
+    await conn.execute("INSERT INTO gpurelay_schema VALUES (1), (2)")
+    await conn.close()
+    d = PostgresDirectory(dsn, gateway="gw-a")
+    with pytest.raises(DirectoryError, match="schema version 2, migrated by a newer gateway"):
         await d.open()
     await d.close()

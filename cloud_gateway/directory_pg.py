@@ -1,0 +1,250 @@
+"""The shared node directory in PostgreSQL (``[cluster] database``), through asyncpg.
+
+Several gateways use one database. A claim is one statement that bumps the node's epoch
+whoever owned it, returns the previous owner, and notifies every gateway (``NOTIFY
+gpurelay_claims``) in the same transaction, so the previous owner learns that it lost the
+node as soon as the new owner knows it won. Releases and last-seen updates only touch the
+row while this gateway still holds the epoch it claimed (compare-and-set), so a late
+write from a gateway that lost a node never undoes the new owner's state.
+
+The schema is created and migrated by the gateways themselves under an advisory lock (two
+gateways starting at once do not both migrate); its version lives in
+``gpurelay_schema``, and a database migrated by a newer gateway is refused with a clear
+error. asyncpg is imported only when this module is used: a single gateway never needs
+it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cloud_gateway.directory import Claim, DirectoryError, NodeEntry, NodeFacts
+
+if TYPE_CHECKING:
+    import asyncpg
+
+CHANNEL = "gpurelay_claims"
+MIGRATION_LOCK = 0x67707572656C6179  # pg_advisory_xact_lock key: "gpurelay"
+CONNECT_TIMEOUT_SECONDS = 5.0
+COMMAND_TIMEOUT_SECONDS = 10.0
+
+# MIGRATIONS[k] takes the schema from version k to k + 1.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        "CREATE TABLE gpurelay_nodes ("
+        " name text PRIMARY KEY,"
+        " gateway text NOT NULL,"
+        " epoch bigint NOT NULL,"
+        " first_seen double precision NOT NULL,"
+        " last_seen double precision NOT NULL,"
+        " facts jsonb NOT NULL,"
+        " connected boolean NOT NULL,"
+        " last_disconnect_reason text NOT NULL DEFAULT '',"
+        " previous_gateway text)",  # the owner before the last claim (RETURNed by it)
+        "CREATE INDEX gpurelay_nodes_gateway ON gpurelay_nodes (gateway)",
+    ),
+)
+VERSION = len(MIGRATIONS)
+
+_COLUMNS = "name, gateway, epoch, first_seen, last_seen, facts, connected, last_disconnect_reason"
+
+# One round trip: bump the epoch (insert at 1), return the previous owner, notify. The
+# previous owner is taken from the row the upsert locked (a column, since RETURNING sees
+# only new values before PostgreSQL 18), not from the statement's snapshot, which a
+# concurrent claim can have made stale.
+_CLAIM = f"""
+WITH upsert AS (
+    INSERT INTO gpurelay_nodes ({_COLUMNS})
+    VALUES ($1, $2, 1, $3, $3, $4::jsonb, true, '')
+    ON CONFLICT (name) DO UPDATE SET
+        previous_gateway = gpurelay_nodes.gateway,
+        gateway = EXCLUDED.gateway, epoch = gpurelay_nodes.epoch + 1,
+        last_seen = EXCLUDED.last_seen, facts = EXCLUDED.facts, connected = true
+    RETURNING epoch, previous_gateway
+)
+SELECT epoch, previous_gateway AS previous,
+       pg_notify('{CHANNEL}', json_build_object('node', $1::text, 'gateway', $2::text,
+                                                'epoch', epoch)::text)
+FROM upsert
+"""
+
+ClaimListener = Callable[[str, str, int], None]  # node, new owner, epoch
+
+
+def _error(what: str, exc: BaseException) -> DirectoryError:
+    return DirectoryError(f"PostgreSQL node directory: {what}: {exc}")
+
+
+class PostgresDirectory:
+    """One connection pool; a separate connection LISTENs for claims (``on_claim``)."""
+
+    def __init__(self, dsn: str, *, gateway: str, on_claim: ClaimListener | None = None) -> None:
+        self.dsn = dsn
+        self.gateway = gateway
+        self.on_claim = on_claim
+        self._pool: asyncpg.Pool | None = None
+        self._listener: asyncpg.Connection | None = None
+
+    async def _run(self, what: str, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+        import asyncpg
+
+        if self._pool is None:
+            raise DirectoryError("PostgreSQL node directory is not open")
+        try:
+            async with self._pool.acquire() as conn:
+                return await fn(conn)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise _error(what, exc) from exc
+
+    async def open(self) -> Sequence[NodeEntry]:
+        import asyncpg
+
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.dsn,
+                min_size=1,
+                max_size=4,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                command_timeout=COMMAND_TIMEOUT_SECONDS,
+            )
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise _error(f"cannot connect ({_safe(self.dsn)})", exc) from exc
+        await self._run("migrating the schema", self._migrate)
+        await self._run("marking this gateway's old connections gone", self._restarted)
+        if self.on_claim is not None:
+            await self._listen()
+        return await self.entries()
+
+    async def _migrate(self, conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            await conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+            await conn.execute("CREATE TABLE IF NOT EXISTS gpurelay_schema (version int NOT NULL)")
+            version = await conn.fetchval("SELECT max(version) FROM gpurelay_schema")
+            version = int(version or 0)
+            if version > VERSION:
+                raise DirectoryError(
+                    f"PostgreSQL node directory has schema version {version}, migrated by a "
+                    f"newer gateway (this one knows up to {VERSION}): upgrade this gateway"
+                )
+            for k, statements in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute("INSERT INTO gpurelay_schema (version) VALUES ($1)", k)
+
+    async def _restarted(self, conn: asyncpg.Connection) -> None:
+        """Connections an earlier run of this gateway (same id) held are gone with it."""
+        await conn.execute(
+            "UPDATE gpurelay_nodes SET connected = false,"
+            " last_disconnect_reason = 'gateway restarted'"
+            " WHERE gateway = $1 AND connected",
+            self.gateway,
+        )
+
+    async def _listen(self) -> None:
+        import asyncpg
+
+        try:
+            self._listener = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_SECONDS)
+            await self._listener.add_listener(CHANNEL, self._notified)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise _error("cannot listen for claims", exc) from exc
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if self.on_claim is None:
+            return
+        try:
+            msg = json.loads(payload)
+            node, gateway, epoch = str(msg["node"]), str(msg["gateway"]), int(msg["epoch"])
+        except (ValueError, KeyError, TypeError):
+            return  # not ours: another program on the same channel
+        self.on_claim(node, gateway, epoch)
+
+    async def claim(self, node: str, facts: NodeFacts, *, now: float) -> Claim:
+        async def run(conn: asyncpg.Connection) -> Claim:
+            row = await conn.fetchrow(_CLAIM, node, self.gateway, now, facts.to_json())
+            previous = row["previous"]
+            return Claim(int(row["epoch"]), None if previous in (None, self.gateway) else previous)
+
+        result: Claim = await self._run(f"claiming node {node!r}", run)
+        return result
+
+    async def seen(self, last_seen: Mapping[str, float]) -> None:
+        if not last_seen:
+            return
+        names, times = list(last_seen), list(last_seen.values())
+
+        async def run(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "UPDATE gpurelay_nodes AS n SET last_seen = greatest(n.last_seen, s.t)"
+                " FROM unnest($1::text[], $2::float8[]) AS s(name, t)"
+                " WHERE n.name = s.name AND n.gateway = $3",
+                names,
+                times,
+                self.gateway,
+            )
+
+        await self._run(f"writing last-seen times of {len(names)} node(s)", run)
+
+    async def release(self, node: str, epoch: int, *, reason: str, now: float) -> bool:
+        async def run(conn: asyncpg.Connection) -> bool:
+            status = await conn.execute(
+                "UPDATE gpurelay_nodes SET connected = false,"
+                " last_seen = greatest(last_seen, $1), last_disconnect_reason = $2"
+                " WHERE name = $3 AND gateway = $4 AND epoch = $5",
+                now,
+                reason,
+                node,
+                self.gateway,
+                epoch,
+            )
+            return bool(status == "UPDATE 1")
+
+        released: bool = await self._run(f"releasing node {node!r}", run)
+        return released
+
+    async def entries(self) -> Sequence[NodeEntry]:
+        async def run(conn: asyncpg.Connection) -> list[NodeEntry]:
+            rows = await conn.fetch(
+                f"SELECT {_COLUMNS.replace('facts', 'facts::text AS facts')}"
+                " FROM gpurelay_nodes ORDER BY name"
+            )
+            return [_entry(row) for row in rows]
+
+        entries: list[NodeEntry] = await self._run("reading the nodes", run)
+        return entries
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close(timeout=CONNECT_TIMEOUT_SECONDS)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+
+def _entry(row: Mapping[str, Any]) -> NodeEntry:
+    try:
+        facts = NodeFacts.from_json(row["facts"])
+    except DirectoryError as exc:
+        raise DirectoryError(f"PostgreSQL node directory, node {row['name']!r}: {exc}") from None
+    return NodeEntry(
+        node=row["name"],
+        gateway=row["gateway"],
+        epoch=int(row["epoch"]),
+        first_seen=float(row["first_seen"]),
+        last_seen=float(row["last_seen"]),
+        facts=facts,
+        connected=bool(row["connected"]),
+        last_disconnect_reason=row["last_disconnect_reason"],
+    )
+
+
+def _safe(dsn: str) -> str:
+    """The DSN without its password, for messages and logs."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or "@" not in rest:
+        return dsn if sep else "<dsn>"
+    userinfo, _, host = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}@{host}"
