@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cloud_gateway.directory import Claim, DirectoryError, NodeEntry, NodeFacts
@@ -43,6 +44,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " last_disconnect_reason text NOT NULL DEFAULT '',"
         " previous_gateway text)",  # the owner before the last claim (RETURNed by it)
         "CREATE INDEX gpurelay_nodes_gateway ON gpurelay_nodes (gateway)",
+        # heartbeat and started are the database's clock: the members' clocks may differ
+        "CREATE TABLE gpurelay_gateways ("
+        " id text PRIMARY KEY,"
+        " advertise text NOT NULL,"
+        " started timestamptz NOT NULL,"
+        " heartbeat timestamptz NOT NULL,"
+        " nodes integer NOT NULL)",
     ),
 )
 VERSION = len(MIGRATIONS)
@@ -70,6 +78,28 @@ FROM upsert
 """
 
 ClaimListener = Callable[[str, str, int], None]  # node, new owner, epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A gateway of the cluster, as the directory last heard of it."""
+
+    id: str
+    advertise: str  # its peer listener
+    heartbeat_age: float  # seconds since its last heartbeat, by the database's clock
+    nodes: int  # nodes it owned at that heartbeat
+    up_seconds: float  # since it (re)started
+
+    def alive(self, ttl: float) -> bool:
+        return self.heartbeat_age < ttl
+
+
+_MEMBERS = (
+    "SELECT id, advertise, nodes,"
+    " extract(epoch FROM now() - heartbeat)::float8 AS age,"
+    " extract(epoch FROM now() - started)::float8 AS up"
+    " FROM gpurelay_gateways ORDER BY id"
+)
 
 
 def _error(what: str, exc: BaseException) -> DirectoryError:
@@ -203,6 +233,36 @@ class PostgresDirectory:
         released: bool = await self._run(f"releasing node {node!r}", run)
         return released
 
+    async def heartbeat(self, *, advertise: str, nodes: int, started: bool = False) -> list[Member]:
+        """Record that this gateway is alive (``started``: it has just (re)started), and
+        return every member, this one included."""
+
+        async def run(conn: asyncpg.Connection) -> list[Member]:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO gpurelay_gateways (id, advertise, started, heartbeat, nodes)"
+                    " VALUES ($1, $2, now(), now(), $3)"
+                    " ON CONFLICT (id) DO UPDATE SET advertise = EXCLUDED.advertise,"
+                    " heartbeat = now(), nodes = EXCLUDED.nodes,"
+                    " started = CASE WHEN $4 THEN now() ELSE gpurelay_gateways.started END",
+                    self.gateway,
+                    advertise,
+                    nodes,
+                    started,
+                )
+                rows = await conn.fetch(_MEMBERS)
+            return [_member(row) for row in rows]
+
+        members: list[Member] = await self._run("heartbeat", run)
+        return members
+
+    async def members(self) -> list[Member]:
+        async def run(conn: asyncpg.Connection) -> list[Member]:
+            return [_member(row) for row in await conn.fetch(_MEMBERS)]
+
+        members: list[Member] = await self._run("reading the gateways", run)
+        return members
+
     async def entries(self) -> Sequence[NodeEntry]:
         async def run(conn: asyncpg.Connection) -> list[NodeEntry]:
             rows = await conn.fetch(
@@ -237,6 +297,16 @@ def _entry(row: Mapping[str, Any]) -> NodeEntry:
         facts=facts,
         connected=bool(row["connected"]),
         last_disconnect_reason=row["last_disconnect_reason"],
+    )
+
+
+def _member(row: Mapping[str, Any]) -> Member:
+    return Member(
+        id=row["id"],
+        advertise=row["advertise"],
+        heartbeat_age=max(0.0, float(row["age"])),
+        nodes=int(row["nodes"]),
+        up_seconds=max(0.0, float(row["up"])),
     )
 
 

@@ -280,3 +280,37 @@ async def test_postgres_schema_from_a_newer_gateway_is_refused(postgres_dsn: str
     with pytest.raises(DirectoryError, match="schema version 2, migrated by a newer gateway"):
         await d.open()
     await d.close()
+
+
+async def test_postgres_members_heartbeat_by_the_databases_clock(postgres_dsn: str) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(postgres_dsn)
+    await admin.execute("CREATE DATABASE directory_members")
+    await admin.close()
+    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_members"
+    a = PostgresDirectory(dsn, gateway="gw-a")
+    b = PostgresDirectory(dsn, gateway="gw-b")
+    await a.open()
+    await b.open()
+    [only] = await a.heartbeat(advertise="127.0.0.1:9411", nodes=3, started=True)
+    assert (only.id, only.advertise, only.nodes) == ("gw-a", "127.0.0.1:9411", 3)
+    assert only.heartbeat_age < 5 and only.alive(ttl=5)
+    members = await b.heartbeat(advertise="127.0.0.1:9412", nodes=0, started=True)
+    assert [m.id for m in members] == ["gw-a", "gw-b"]
+    # a's heartbeat ages while b's is renewed: age it in the database, not by sleeping
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(
+        "UPDATE gpurelay_gateways SET heartbeat = heartbeat - interval '30 seconds'"
+        " WHERE id = 'gw-a'"
+    )
+    await conn.close()
+    members = {m.id: m for m in await b.members()}
+    assert members["gw-a"].heartbeat_age >= 30 and not members["gw-a"].alive(ttl=10)
+    assert members["gw-b"].alive(ttl=10)
+    # a beats again: alive, and its start time is kept unless it restarted
+    up_before = members["gw-a"].up_seconds
+    [again, _] = await a.heartbeat(advertise="127.0.0.1:9411", nodes=4)
+    assert again.alive(ttl=10) and again.nodes == 4 and again.up_seconds >= up_before
+    await a.close()
+    await b.close()
