@@ -108,3 +108,31 @@ def postgres_dsn() -> Iterator[str]:
         pytest.skip(msg)
     with PostgresServer.find().running() as dsn:
         yield dsn
+
+
+def _required_binary(found: Path | None, what: str, variable: str) -> Path:
+    if found is None:
+        if os.environ.get(variable) == "1":
+            pytest.fail(f"{what} not found; {variable}=1 makes this a failure")
+        pytest.skip(f"{what} not found")
+    return found
+
+
+@pytest.fixture(scope="session")
+def haproxy_bin() -> Path:
+    from harness.haproxy import find_haproxy
+
+    return _required_binary(
+        find_haproxy(), "haproxy (Debian package `haproxy`)", "EDGE_GPU_RELAY_REQUIRE_HAPROXY"
+    )
+
+
+@pytest.fixture(scope="session")
+def victoria_bin() -> Path:
+    from harness.victoria import find_victoria
+
+    return _required_binary(
+        find_victoria(),
+        "victoria-metrics (Debian package `victoria-metrics`)",
+        "EDGE_GPU_RELAY_REQUIRE_VICTORIA",
+    )
