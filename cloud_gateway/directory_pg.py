@@ -171,9 +171,20 @@ class PostgresDirectory:
             self.gateway,
         )
 
+    async def ensure_listening(self) -> bool:
+        """Listen again if the listening connection died (the database restarted); True
+        when it had to (notifications may have been missed: re-read the entries)."""
+        if self.on_claim is None or (self._listener is not None and not self._listener.is_closed()):
+            return False
+        await self._listen()
+        return True
+
     async def _listen(self) -> None:
         import asyncpg
 
+        old, self._listener = self._listener, None
+        if old is not None:
+            old.terminate()
         try:
             self._listener = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_SECONDS)
             await self._listener.add_listener(CHANNEL, self._notified)

@@ -1,0 +1,265 @@
+"""One gateway's membership of a cluster: claims, heartbeats, fencing, the fleet view.
+
+Several gateways share a PostgreSQL directory (:mod:`cloud_gateway.directory_pg`). This
+module is what a gateway does with it; the connections themselves stay with ingest, which
+asks :meth:`Cluster.claim` before it accepts a node and is told through ``on_lost`` when
+another gateway claimed one of its nodes (close that connection, drop its series at once).
+
+Rules, each with the reason for it:
+
+- **Newer connection wins, across gateways.** A claim bumps the node's epoch whoever
+  owned it; the previous owner hears it by NOTIFY and lets the node go. Late writes from
+  the loser are compare-and-set on its epoch, so they change nothing.
+- **No claim without the directory.** When PostgreSQL cannot be reached a claim fails with
+  :class:`ClaimRefused` (a clear error to the agent, which retries, maybe through the
+  balancer onto a gateway that can reach it). Nodes already owned keep flowing.
+- **Self-fencing before the others give up on us.** The other members treat a gateway
+  whose heartbeat is ``ttl`` old (by the database's clock) as gone, and may then take its
+  nodes. So a gateway that has not completed a heartbeat for ``ttl - heartbeat`` (by its
+  own clock, counted from when it *sent* the last successful one) lets all its nodes go
+  (``on_fenced``: GOODBYE to its agents) before that can happen: no node is owned twice.
+  A later successful heartbeat ends the fence and claims are accepted again (healing).
+- **Last-seen in batches**: :meth:`seen` only records; each heartbeat writes them all.
+- **The fleet view** (every gateway answers for every node): the directory's entries
+  and members, re-read every ``refresh_seconds`` and on every claim NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cloud_gateway.directory import DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.directory_pg import Member, PostgresDirectory
+
+log = logging.getLogger("cloud_gateway.cluster")
+
+
+class ClaimRefused(Exception):
+    """This gateway cannot take the node now (the message says why, for the agent)."""
+
+
+@dataclass
+class ClusterStats:
+    claims: int = 0
+    lost_claims: int = 0  # nodes another gateway claimed from this one
+    fencing_events: int = 0
+    directory_errors: Counter[str] = field(default_factory=Counter)  # by operation
+
+
+class Cluster:
+    def __init__(
+        self,
+        directory: PostgresDirectory,
+        *,
+        advertise: str,
+        heartbeat_seconds: float,
+        ttl_seconds: float,
+        on_lost: Callable[[str, str], None],
+        on_fenced: Callable[[str], None],
+        refresh_seconds: float = 30.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = directory
+        self.gateway = directory.gateway
+        self.advertise = advertise
+        self.heartbeat_seconds = heartbeat_seconds
+        self.ttl_seconds = ttl_seconds
+        self.refresh_seconds = refresh_seconds
+        self._on_lost = on_lost
+        self._on_fenced = on_fenced
+        self._monotonic = monotonic
+        self._clock = clock
+        self.stats = ClusterStats()
+        self.owned: dict[str, int] = {}  # node -> the epoch of this gateway's claim
+        self.entries: dict[str, NodeEntry] = {}  # the fleet, as last read
+        self.members: list[Member] = []
+        self.fenced = False
+        self._last_ok_sent: float | None = None  # when the last successful heartbeat left
+        self._seen: dict[str, float] = {}
+        self._heard: dict[str, tuple[int, str]] = {}  # node -> newest (epoch, owner) notified
+        self._last_refresh = -float("inf")
+        self._pending: set[asyncio.Task[None]] = set()
+        directory.on_claim = self._notified
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the directory and announce this gateway; DirectoryError when it cannot
+        (the gateway does not start without its cluster)."""
+        entries = await self.directory.open()
+        self.entries = {e.node: e for e in entries}
+        sent = self._monotonic()
+        self.members = await self.directory.heartbeat(
+            advertise=self.advertise, nodes=0, started=True
+        )
+        self._last_ok_sent = sent
+        self._last_refresh = sent
+        log.info(
+            "cluster: gateway %s joined, %d member(s), %d node(s) in the directory",
+            self.gateway,
+            len(self.members),
+            len(self.entries),
+        )
+
+    async def stop(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.directory.close()
+
+    # -- claims -----------------------------------------------------------------------------
+
+    async def claim(self, node: str, facts: NodeFacts) -> int:
+        """Own ``node`` (its new epoch), or ClaimRefused."""
+        if self.fenced:
+            raise ClaimRefused(
+                f"gateway {self.gateway} cannot reach the node directory (fenced); "
+                "try again, or another gateway"
+            )
+        try:
+            claim = await self.directory.claim(node, facts, now=self._clock())
+        except DirectoryError as exc:
+            self.stats.directory_errors["claim"] += 1
+            log.warning("cluster: node %s refused, the directory is unavailable: %s", node, exc)
+            raise ClaimRefused(
+                f"gateway {self.gateway} cannot record the claim in the node directory; "
+                "try again, or another gateway"
+            ) from exc
+        self.stats.claims += 1
+        newer = self._heard.get(node)
+        if newer is not None and newer[0] > claim.epoch:  # claimed again while we waited
+            raise ClaimRefused(f"node {node} was claimed by gateway {newer[1]} meanwhile")
+        self.owned[node] = claim.epoch
+        if claim.previous_gateway is not None:
+            log.info(
+                "cluster: node %s claimed from gateway %s (epoch %d)",
+                node,
+                claim.previous_gateway,
+                claim.epoch,
+            )
+        return claim.epoch
+
+    def release(self, node: str, epoch: int, reason: str) -> None:
+        """The node's connection on this gateway ended (written in the background)."""
+        if self.owned.get(node) == epoch:
+            del self.owned[node]
+        self._seen.pop(node, None)
+        self._background(self._release(node, epoch, reason))
+
+    async def _release(self, node: str, epoch: int, reason: str) -> None:
+        try:
+            await self.directory.release(node, epoch, reason=reason, now=self._clock())
+        except DirectoryError as exc:
+            self.stats.directory_errors["release"] += 1
+            log.warning("cluster: could not record that node %s left: %s", node, exc)
+
+    def seen(self, node: str, when: float) -> None:
+        if node in self.owned:
+            self._seen[node] = when
+
+    def _notified(self, node: str, gateway: str, epoch: int) -> None:
+        """A claim anywhere in the cluster (our own too)."""
+        if epoch > self._heard.get(node, (0, ""))[0]:
+            self._heard[node] = (epoch, gateway)
+        self._lose_if_newer(node, gateway, epoch)
+        self._last_refresh = -float("inf")  # re-read the fleet at the next tick
+
+    def _lose_if_newer(self, node: str, gateway: str, epoch: int) -> None:
+        mine = self.owned.get(node)
+        if gateway == self.gateway or mine is None or epoch <= mine:
+            return
+        del self.owned[node]
+        self._seen.pop(node, None)
+        self.stats.lost_claims += 1
+        log.info("cluster: node %s moved to gateway %s (epoch %d)", node, gateway, epoch)
+        self._on_lost(node, gateway)
+
+    # -- heartbeat, fencing, fleet view -----------------------------------------------------
+
+    async def tick(self) -> None:
+        """Every ``heartbeat_seconds``: heartbeat with last-seen times, fence or heal,
+        refresh the fleet view when due."""
+        sent = self._monotonic()
+        seen, self._seen = self._seen, {}
+        try:
+            await self.directory.seen(seen)
+            self.members = await self.directory.heartbeat(
+                advertise=self.advertise, nodes=len(self.owned)
+            )
+        except DirectoryError as exc:
+            for node, when in seen.items():  # keep them for the next try
+                self._seen.setdefault(node, when)
+            self.stats.directory_errors["heartbeat"] += 1
+            self._check_fence(exc)
+            return
+        self._last_ok_sent = sent
+        if self.fenced:
+            self.fenced = False
+            log.warning(
+                "cluster: gateway %s reaches the directory again; claims resume", self.gateway
+            )
+        try:
+            if await self.directory.ensure_listening():
+                self._last_refresh = -float("inf")  # claims may have gone unheard
+        except DirectoryError as exc:
+            self.stats.directory_errors["listen"] += 1
+            log.warning("cluster: cannot listen for claims: %s", exc)
+        if sent - self._last_refresh >= self.refresh_seconds:
+            await self._refresh(sent)
+
+    def _check_fence(self, exc: DirectoryError) -> None:
+        last = self._last_ok_sent
+        silent = float("inf") if last is None else self._monotonic() - last
+        limit = self.ttl_seconds - self.heartbeat_seconds
+        if self.fenced or silent < limit:
+            log.warning(
+                "cluster: heartbeat failed (%.1fs since the last one, fencing at %.1fs): %s",
+                silent,
+                limit,
+                exc,
+            )
+            return
+        self.fenced = True
+        self.stats.fencing_events += 1
+        lost = sorted(self.owned)
+        self.owned.clear()
+        self._seen.clear()
+        reason = (
+            f"gateway {self.gateway} lost the node directory for {silent:.0f}s "
+            f"(ttl {self.ttl_seconds:g}s): letting its {len(lost)} node(s) go"
+        )
+        log.error("cluster: %s", reason)
+        self._on_fenced(reason)
+
+    async def _refresh(self, now: float) -> None:
+        try:
+            entries = await self.directory.entries()
+        except DirectoryError as exc:
+            self.stats.directory_errors["entries"] += 1
+            log.warning("cluster: could not read the fleet from the directory: %s", exc)
+            return
+        self.entries = {e.node: e for e in entries}
+        self._last_refresh = now
+        for node in list(self.owned):  # a claim we did not hear of (listener down)
+            entry = self.entries.get(node)
+            if entry is not None:
+                self._lose_if_newer(node, entry.gateway, entry.epoch)
+
+    def owner_of(self, node: str) -> Member | None:
+        """The live member that owns ``node`` by the fleet view (None: nobody alive)."""
+        if node in self.owned:
+            return next((m for m in self.members if m.id == self.gateway), None)
+        entry = self.entries.get(node)
+        if entry is None or not entry.connected:
+            return None
+        member = next((m for m in self.members if m.id == entry.gateway), None)
+        return member if member is not None and member.alive(self.ttl_seconds) else None
+
+    def _background(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
