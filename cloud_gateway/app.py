@@ -263,6 +263,7 @@ class Gateway:
                 await asyncio.wait_for(self.stop.wait(), TICK_SECONDS)
                 break
             self._refresh()
+            await self.exposition.prepare(time.monotonic())  # ahead of a scrape due
             notify("WATCHDOG=1")
 
     async def shutdown(self) -> None:

@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
+import math
+import time
+from collections import deque
 from collections.abc import Iterable, Sequence
-from operator import is_
 from typing import TYPE_CHECKING, Any, Final
 
 from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
+from cloud_gateway.exposition_pieces import Piece, pack, pack_parallel, versions_of
 from gpurelay.bie import node_summary
 from gpurelay.exposition import (
     format_labels,
@@ -56,6 +58,7 @@ from gpurelay.model import MIB, Family, GpuInventory, Labels, Sample
 
 if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
     from cloud_gateway.registry import Registry
+    from cloud_gateway.registry_records import Group
     from cloud_gateway.registry_types import Liveness
     from cloud_gateway.self_metrics import SelfMetrics
 NODE_UP = Family(
@@ -92,14 +95,42 @@ def _value_end(value: float) -> bytes:
     return format_value(value).encode() + b"\n"
 
 
+_SPECIAL: Final = {math.inf: b"+Inf", -math.inf: b"-Inf"}
+
+
 class TextLines:
     """Series lines of the text format (the same bytes in OpenMetrics): the prefix
-    ``NAME{labels} `` made once per series, then the value and a newline."""
+    ``NAME{labels} `` made once per series, then the value and a newline. In a block's
+    template a value's slot is ``%d`` for an integral value below 1e15 (the digits of
+    ``str(int(v))``), ``%r`` for another finite one (``repr``), ``%s`` with ``NaN``,
+    ``+Inf`` or ``-Inf``: exactly :func:`gpurelay.exposition.format_value`."""
 
     def prefix(self, name: str, labels: Labels) -> bytes:
         return f"{name}{format_labels(labels)} ".encode()
 
     value = staticmethod(_value_end)
+
+    @staticmethod
+    def slot(value: float) -> tuple[bytes, object]:
+        if math.isnan(value):
+            return b"%s", b"NaN"
+        special = _SPECIAL.get(value)
+        if special is not None:
+            return b"%s", special
+        if value.is_integer() and abs(value) < 1e15:
+            return b"%d", value
+        return b"%r", value
+
+    @staticmethod
+    def kinds(values: Sequence[float]) -> bytes | None:
+        """1 where a value takes ``%d``, 0 where ``%r``; ``None`` when some value is not
+        finite or is integral beyond 1e15 (C loops only: sum, min, max, is_integer)."""
+        if not values:
+            return b""
+        total = sum(values)
+        if total - total != 0.0 or max(values) >= 1e15 or min(values) <= -1e15:
+            return None  # a NaN or infinity (or an overflowing sum), or a huge value
+        return bytes(map(float.is_integer, values))
 
 
 TEXT_LINES: Final = TextLines()
@@ -124,47 +155,6 @@ def render_families(families: Iterable[FamilySamples], *, openmetrics: bool) -> 
 
 
 PIECE_BLOCKS: Final = 64  # blocks per cached piece: chosen by bench/gateway_render.py, (g)
-PACK_THREADS: Final = 4  # at most, and no more than the machine's cores
-
-
-class _Piece:
-    """Up to :data:`PIECE_BLOCKS` consecutive (family, node) blocks of one family, joined,
-    and that join deflated once a gzip scrape asked for it."""
-
-    __slots__ = ("blocks", "packed", "plain")
-
-    def __init__(self, blocks: Sequence[bytes]) -> None:
-        self.blocks = tuple(blocks)  # held so that identity tells an unchanged block
-        self.plain = b"".join(self.blocks)
-        self.packed: Deflated | None = None
-
-    def same(self, blocks: Sequence[bytes]) -> bool:
-        return len(blocks) == len(self.blocks) and all(map(is_, blocks, self.blocks))
-
-
-def _pack(pieces: Sequence[_Piece], level: int) -> int:
-    """Compress what no scrape compressed yet (in a worker thread: zlib releases the GIL)."""
-    packed = 0
-    for piece in pieces:
-        if piece.packed is None:
-            piece.packed = Deflated(piece.plain, level)
-            packed += len(piece.plain)
-    return packed
-
-
-async def _pack_parallel(pieces: Sequence[_Piece], level: int) -> int:
-    """:func:`_pack` over worker threads, one share of about equal bytes per core."""
-    shares = max(1, min(os.cpu_count() or 1, PACK_THREADS, len(pieces)))
-    if shares == 1:
-        return await asyncio.to_thread(_pack, pieces, level)
-    total = sum(len(p.plain) for p in pieces)
-    split: list[list[_Piece]] = [[] for _ in range(shares)]
-    done = 0
-    for piece in pieces:
-        split[min(shares - 1, done * shares // max(total, 1))].append(piece)
-        done += len(piece.plain)
-    counts = await asyncio.gather(*(asyncio.to_thread(_pack, share, level) for share in split))
-    return sum(counts)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -195,8 +185,11 @@ class Exposition:
         self._extra: tuple[bytes, bytes] = (b"", b"")  # (text, openmetrics)
         self._extra_generation = 0
         self._fleet_key = -1  # the registry generation self._fleet was read at
-        self._fleet: list[tuple[Family, list[_Piece]]] = []
+        self._fleet: list[tuple[Family, list[Piece]]] = []
         self._fleet_generation = 0  # bumped when a piece changed
+        self._pieces: dict[str, list[Piece]] = {}  # family name -> its pieces
+        self._scrapes: deque[float] = deque(maxlen=9)  # monotonic times of recent scrapes
+        self.prepared = 0  # ticks that rendered ahead of an expected scrape
         self._tails: dict[bool, tuple[tuple[int, int], bytes, Deflated | None]] = {}
         self._bodies: dict[tuple[bool, bool], tuple[tuple[int, int, int], bytes]] = {}
         self._headers: dict[tuple[Family, bool], tuple[bytes, Deflated]] = {}
@@ -232,19 +225,20 @@ class Exposition:
         fleet = self._read_fleet()
         if gzip:
             pieces = [p for _, pieces in fleet for p in pieces]
-            self._count_pack(_pack(pieces, self.gzip_level))
+            self._count_pack(pack(pieces, self.gzip_level))
         return self._assemble(fleet, openmetrics, gzip)
 
     async def scrape_async(self, *, openmetrics: bool, gzip: bool) -> Body:
         """:meth:`scrape` for the event loop that mutates the registry: only the pieces
         that changed are compressed, in a worker thread, once for all concurrent scrapers;
         reading the registry and listing the chunks stay on the loop (a few ms)."""
+        self.note_scrape(time.monotonic())
         fleet = self._read_fleet()
         pending = [p for _, pieces in fleet for p in pieces if p.packed is None] if gzip else []
         while pending:
             if self._packing is None:
                 level = self.gzip_level
-                self._packing = asyncio.ensure_future(_pack_parallel(pending, level))
+                self._packing = asyncio.ensure_future(pack_parallel(pending, level))
                 self._packing.add_done_callback(self._packed)
             await asyncio.shield(self._packing)
             pending = [p for p in pending if p.packed is None]
@@ -270,34 +264,87 @@ class Exposition:
         if packed:
             self.bodies_built += 1
 
-    def _read_fleet(self) -> list[tuple[Family, list[_Piece]]]:
-        """Bring the cached pieces up to the registry (dirty blocks are rendered by it);
-        a piece whose blocks are the very same objects as before is kept."""
+    def _read_fleet(self) -> list[tuple[Family, list[Piece]]]:
+        """Bring the cached pieces up to the registry (see :meth:`_update`)."""
         if self._fleet_key == self.registry.generation:
             return self._fleet
-        old = {fam.name: pieces for fam, pieces in self._fleet}
-        fleet, changed = [], False
-        for fam, blocks in self.registry.family_blocks():
-            before = old.get(fam.name, [])
-            pieces = []
-            step = self.piece_blocks
-            for k, start in enumerate(range(0, len(blocks), step)):
-                part = blocks[start : start + step]
-                if k < len(before) and before[k].same(part):
-                    pieces.append(before[k])
-                else:
-                    pieces.append(_Piece(part))
-                    changed = True
-            fleet.append((fam, pieces))
-            changed = changed or len(pieces) != len(before)
-        if changed or len(fleet) != len(self._fleet):
+        before = self._fleet_generation
+        fleet = [(fam, self._update(fam, groups)) for fam, groups in self.registry.family_groups()]
+        if [f.name for f, _ in fleet] != [f.name for f, _ in self._fleet]:
             self._fleet_generation += 1
+            live = {f.name for f, _ in fleet}
+            self._pieces = {k: v for k, v in self._pieces.items() if k in live}
+        if self._fleet_generation != before:
             self.bodies_built += 1
         self._fleet, self._fleet_key = fleet, self.registry.generation
         return fleet
 
+    def _update(self, fam: Family, groups: Sequence[Group]) -> list[Piece]:
+        """One family's pieces: a piece whose blocks are the same groups at the same
+        versions is kept; another is re-joined from the blocks that stayed (found in any
+        old piece of the family) and the changed ones, rendered."""
+        before = self._pieces.get(fam.name, [])
+        pieces = []
+        step = self.piece_blocks
+        kept: dict[int, tuple[Piece, int]] | None = None
+        changed = False
+        for k, start in enumerate(range(0, len(groups), step)):
+            part = groups[start : start + step]
+            versions = versions_of(part)
+            if k < len(before) and before[k].same(part, versions):
+                pieces.append(before[k])
+                continue
+            if kept is None:
+                kept = {id(g): (p, i) for p in before for i, g in enumerate(p.groups)}
+            blocks: list[bytes | memoryview] = []
+            for g, version in zip(part, versions, strict=True):
+                piece, at = kept.get(id(g), (None, 0))
+                if piece is not None and piece.groups[at] is g and piece.versions[at] == version:
+                    blocks.append(piece.block(at))
+                else:
+                    blocks.append(self.registry.render(g))
+            pieces.append(Piece(part, versions, blocks))
+            changed = True
+        if changed or len(pieces) != len(before):
+            self._fleet_generation += 1
+        self._pieces[fam.name] = pieces
+        return pieces
+
+    def note_scrape(self, now: float) -> None:
+        """A scraper asked for the body at ``now`` (monotonic seconds): learn its period."""
+        self._scrapes.append(now)
+
+    def scrape_due(self, now: float, within: float) -> bool:
+        """Whether a scrape is expected before ``now + within``: the last scrape plus the
+        median gap between the recent ones (with several scrapers the median gap is
+        shorter than each one's period: prepared more often, never later)."""
+        times = self._scrapes
+        if len(times) < 2:
+            return False
+        gaps = sorted(b - a for a, b in zip(times, list(times)[1:], strict=False))
+        return now + within >= times[-1] + gaps[len(gaps) // 2]
+
+    async def prepare(self, now: float, *, within: float = 1.5, slice_s: float = 0.02) -> bool:
+        """On the gateway's tick: when a scrape is due before the next tick or so, render
+        the changed blocks and re-join their pieces now, family by family, yielding to
+        the loop every ``slice_s`` seconds; the scrape then costs only what changed since.
+        Blocks nobody is about to scrape stay unrendered (lazy between scrapes)."""
+        if self._fleet_key == self.registry.generation or not self.scrape_due(now, within):
+            return False
+        deadline = time.perf_counter() + slice_s
+        before = self._fleet_generation
+        for fam, groups in self.registry.family_groups():
+            self._update(fam, groups)
+            if time.perf_counter() > deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + slice_s
+        self.prepared += 1
+        if self._fleet_generation != before:
+            self.bodies_built += 1
+        return True
+
     def _assemble(
-        self, fleet: list[tuple[Family, list[_Piece]]], openmetrics: bool, gzip: bool
+        self, fleet: list[tuple[Family, list[Piece]]], openmetrics: bool, gzip: bool
     ) -> Body:
         plain, tail = self._tail(openmetrics, gzip)
         if not gzip:
@@ -315,7 +362,7 @@ class Exposition:
         chunks = [GZIP_HEADER, *(p.data for p in parts), trailer(parts)]
         return Body(tuple(chunks), sum(map(len, chunks)), True)
 
-    def _plain(self, fam: Family, pieces: list[_Piece], openmetrics: bool) -> list[bytes]:
+    def _plain(self, fam: Family, pieces: list[Piece], openmetrics: bool) -> list[bytes]:
         return [self._header(fam, openmetrics)[0], *(p.plain for p in pieces)]
 
     def _tail(self, openmetrics: bool, gzip: bool) -> tuple[bytes, Deflated | None]:

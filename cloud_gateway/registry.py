@@ -8,12 +8,12 @@ happens once, when a series is declared (validation happened before, in
 the wire decoder: :mod:`gpurelay.wire.rules`; the registry adds only the gateway's own
 policy, reserved name prefixes and family types). Series are held in (family, node) blocks
 (:class:`cloud_gateway.registry_records.Group`): packed float64 values and the block's
-text as last rendered. A series' line prefix is made once, when its first value arrives,
-by the :class:`LineFormat` the registry is given (the text format lives in
+template. A series' line prefix is made once, when its first value arrives, by the
+:class:`LineFormat` the registry is given (the text format lives in
 :mod:`cloud_gateway.exposition`; the registry only stores the bytes), and lives in the
-block's text from its first render on; a batch only stores values and marks its blocks dirty (and
-bumps :attr:`Registry.generation`); values are formatted when a dirty block is rendered
-for a scrape, only the ones that changed.
+block's template; a batch only stores values and bumps its blocks' versions (and
+:attr:`Registry.generation`); a block's values are formatted when a scrape renders it
+(one ``%`` of the template, in C), and the exposition keeps the rendered text.
 
 Series ids belong to a connection; series *records* belong to the node. A reconnecting
 agent re-declares its series and they bind to the existing records (same name and
@@ -289,26 +289,34 @@ class Registry:
             if (g := s.group) is not None and s.fs.family.name == family
         ]
 
-    def family_blocks(self) -> list[tuple[Family, list[bytes]]]:
-        """Families sorted by name, each with its nodes' blocks in node order; dirty
-        blocks are rendered here (a join of the lines), clean ones are reused."""
+    def family_groups(self) -> list[tuple[Family, list[Group]]]:
+        """Families sorted by name, each with its (family, node) blocks in node order.
+        A block's :attr:`~Group.version` changes with its text; :meth:`render` makes
+        the text (the caller keeps it: the registry holds only templates and values)."""
         if self._family_order is None:
             self._family_order = [self._families[k] for k in sorted(self._families)]
         out = []
         for fs in self._family_order:
-            if fs.blocks is None:
-                if fs.ordered is None:
-                    fs.ordered = [fs.groups[k] for k in sorted(fs.groups)]
-                fs.blocks = [self._render(g) for g in fs.ordered]
-            if fs.blocks:
-                out.append((fs.family, fs.blocks))
+            if fs.ordered is None:
+                fs.ordered = [fs.groups[k] for k in sorted(fs.groups)]
+            if fs.ordered:
+                out.append((fs.family, fs.ordered))
         return out
 
-    def block(self, node: str, family: str) -> bytes | None:
-        """The cached block of one (family, node), ``None`` while dirty or absent."""
+    def render(self, group: Group) -> bytes:
+        """One block's lines (a ``%`` of its template over its values)."""
+        self.blocks_rendered += 1
+        return group.render(self.lines)
+
+    def family_blocks(self) -> list[tuple[Family, list[bytes]]]:
+        """:meth:`family_groups` with every block rendered (tests, benches)."""
+        return [(fam, [self.render(g) for g in groups]) for fam, groups in self.family_groups()]
+
+    def block(self, node: str, family: str) -> tuple[int, bytes] | None:
+        """One (family, node) block's version and text; ``None`` when it has none."""
         n = self._nodes.get(node)
         g = n.groups.get(family) if n else None
-        return g.block if g else None
+        return None if g is None else (g.version, self.render(g))
 
     # --- internals -----------------------------------------------------------------
 
@@ -349,12 +357,10 @@ class Registry:
                 if only_new or g.values[pos] == value:
                     continue
                 g.values[pos] = value
-                if g.changed is not None:
-                    g.changed.add(pos)
             dirty.add(g)
             changed += 1
         for g in dirty:
-            g.block = g.fs.blocks = None
+            g.version += 1
         return changed, unknown
 
     def _declare_one(self, n: NodeRecord, sd: SeriesDecl) -> policy.Refusal | None:
@@ -451,7 +457,6 @@ class Registry:
         if g is not None:
             g.remove(s.pos)
             s.group = None
-            g.block = fs.blocks = None
             if not g.members:
                 del n.groups[fs.family.name], fs.groups[n.name]
                 fs.ordered = None
@@ -466,7 +471,7 @@ class Registry:
     def _drop_all(self, n: NodeRecord) -> None:
         for g in n.groups.values():
             del g.fs.groups[n.name]
-            g.fs.ordered = g.fs.blocks = None
+            g.fs.ordered = None
         for s in n.series.values():
             self._unref(s.fs)
         n.groups, n.series, n.tracked, n.ids = {}, {}, set(), {}
@@ -477,13 +482,6 @@ class Registry:
         if fs.refs == 0 and self._families.get(fs.family.name) is fs:
             del self._families[fs.family.name]
             self._family_order = None
-
-    def _render(self, g: Group) -> bytes:
-        block = g.block
-        if block is None:
-            block = g.render(self.lines)
-            self.blocks_rendered += 1
-        return block
 
     def _state(self, n: NodeRecord, now: float) -> NodeState:
         if not n.connected or n.arrivals is None:

@@ -2,16 +2,14 @@
 
 Plain data with slots, changed only by :class:`cloud_gateway.registry.Registry`; kept in a
 module of their own so the registry reads as what it does with them. A block
-(:class:`Group`) keeps its values packed and its text as last rendered; the prefixes of
-its lines live in that text, so a held series costs its text, a record and its label
+(:class:`Group`) keeps its values packed and its lines as one template; the prefixes of
+its lines live in that template, so a held series costs its text, a record and its label
 tuple (label pairs shared within a node), not a line of its own per value."""
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
-from itertools import accumulate
-from typing import Final
 
 from cloud_gateway.liveness import Arrivals
 from cloud_gateway.registry_types import LineFormat, NodeError, NodeState, NodeView
@@ -20,7 +18,7 @@ from gpurelay.wire import Hello
 
 
 class FamilyState:
-    __slots__ = ("blocks", "family", "first_node", "groups", "name_label", "ordered", "refs")
+    __slots__ = ("family", "first_node", "groups", "name_label", "ordered", "refs")
 
     def __init__(self, family: Family, first_node: str) -> None:
         self.family = family
@@ -28,45 +26,30 @@ class FamilyState:
         self.name_label = ("__name__", family.name)  # shared by the family's label tuples
         self.groups: dict[str, Group] = {}  # node -> block of that node's lines
         self.ordered: list[Group] | None = None  # groups by node name
-        self.blocks: list[bytes] | None = None  # their bytes, in that order
         self.refs = 0  # series records of this family, live or not
-
-
-PENDING: Final = 0x80000000  # a start with this bit: the prefix is in Group.pending
 
 
 class Group:
     """One (family, node) block, compact: its live series, their values packed as
-    float64, and the block's text as last rendered, which holds every rendered member's
-    ``NAME{labels} `` prefix (a new member's prefix waits in one buffer per block, not
-    a bytes object per series). A batch stores values and notes which changed;
-    :meth:`render` makes the new text from slices of the old one and formats only the
-    changed values (lazily: when a scrape asks, not per batch)."""
+    float64, and the block as a *template*: every member's ``NAME{labels} `` prefix
+    (``%`` doubled) followed by a two-byte slot (``%d``, ``%r`` or ``%s``) and a newline,
+    so rendering the block is one ``template % values``, formatted in C. A batch only
+    stores values and bumps :attr:`version`; the block is rendered when a scrape asks
+    (the rendered bytes are the exposition's to keep, not the registry's). A member's
+    slot follows its value's kind (:meth:`LineFormat.kinds`); slots are rewritten only
+    when a kind changed (an integral reading that became fractional, a NaN)."""
 
-    __slots__ = (
-        "block",
-        "changed",
-        "dead",
-        "fs",
-        "members",
-        "pending",
-        "plens",
-        "starts",
-        "text",
-        "values",
-    )
+    __slots__ = ("fs", "kinds", "members", "pending", "slots", "tmpl", "values", "version")
 
     def __init__(self, fs: FamilyState) -> None:
         self.fs = fs
         self.members: list[SeriesRecord] = []
         self.values = array("d")  # values[i] is members[i]'s value
-        self.text = b""  # the block as last rendered
-        self.starts = array("I")  # where members[i]'s line starts in text (or PENDING|at)
-        self.plens = array("I")  # the length of members[i]'s prefix
-        self.pending: bytearray | None = None  # prefixes of members not yet in text
-        self.dead = 0  # bytes of pending that removed members left
-        self.changed: set[int] | None = set()  # positions changed since text; None: all
-        self.block: bytes | None = None  # text, while it is current
+        self.tmpl = b""  # the block's template
+        self.slots = array("I")  # where members[i]'s slot is in tmpl (+ pending)
+        self.pending: bytearray | None = None  # lines of new members, not yet in tmpl
+        self.kinds: bytes | None = None  # the kinds the slots were made for; None: remake
+        self.version = 0  # bumped by every change of the block's text
 
     def add(self, s: SeriesRecord, value: float, prefix: bytes) -> None:
         s.group, s.pos = self, len(self.members)
@@ -74,72 +57,52 @@ class Group:
         self.values.append(value)
         if self.pending is None:
             self.pending = bytearray()
-        self.starts.append(PENDING | len(self.pending))
-        self.pending += prefix
-        self.plens.append(len(prefix))
+        self.pending += prefix.replace(b"%", b"%%")
+        self.slots.append(len(self.tmpl) + len(self.pending))
+        self.pending += b"%r\n"
+        self.kinds = None
+        self.version += 1
+
+    def _merge(self) -> bytes:
+        if self.pending is not None:
+            self.tmpl += self.pending
+            self.pending = None
+        return self.tmpl
 
     def remove(self, pos: int) -> None:
-        pending = self.pending
-        if pending is not None and self.starts[pos] & PENDING:
-            self.dead += self.plens[pos]
-            if self.dead > 65536 and 2 * self.dead > len(pending):  # never scraped: compact
-                self.pending, self.dead = bytearray(), 0
-                for i, start in enumerate(self.starts):
-                    if start & PENDING and i != pos:
-                        at = start ^ PENDING
-                        self.starts[i] = PENDING | len(self.pending)
-                        self.pending += pending[at : at + self.plens[i]]
-        del self.members[pos], self.values[pos], self.starts[pos], self.plens[pos]
+        tmpl, slots = self._merge(), self.slots
+        start = slots[pos - 1] + 3 if pos else 0
+        end = slots[pos] + 3
+        self.tmpl = tmpl[:start] + tmpl[end:]
+        cut = end - start
+        slots[pos:] = array("I", [at - cut for at in slots[pos + 1 :]])
+        del self.members[pos], self.values[pos]
         for later in self.members[pos:]:
             later.pos -= 1
-        self.changed = None  # positions moved: format every value at the next render
+        if self.kinds is not None:
+            self.kinds = self.kinds[:pos] + self.kinds[pos + 1 :]
+        self.version += 1
 
     def render(self, lines: LineFormat) -> bytes:
-        """The block's new text: when only values changed, the old text in runs between
-        them, and those values formatted; else every line made again (a member's prefix
-        from the old text or, before its first render, from the pending buffer)."""
-        old, starts, plens, values = self.text, self.starts, self.plens, self.values
-        value_bytes = lines.value
-        changed = self.changed
-        pending = self.pending
-        if changed is not None and pending is None:
-            parts: list[bytes] = []
-            shifts: list[tuple[int, int]] = []  # (first member moved, by how much)
-            pos = 0  # in old
-            index = old.index
-            for i in sorted(changed):
-                cut = starts[i] + plens[i]
-                end = index(b"\n", cut) + 1
-                value = value_bytes(values[i])
-                parts.append(old[pos:cut])
-                parts.append(value)
-                if len(value) != end - cut:
-                    shifts.append((i + 1, len(value) - end + cut))
-                pos = end
-            parts.append(old[pos:])
-            new_starts = starts
-            if shifts:  # most new values have as many digits as the old: nothing moves
-                new_starts = starts[: shifts[0][0]]
-                shift = 0
-                for (first, delta), (last, _) in zip(
-                    shifts, [*shifts[1:], (len(starts), 0)], strict=True
-                ):
-                    shift += delta
-                    new_starts.extend(map(shift.__add__, starts[first:last]))
-        else:
-            parts = []
-            for start, plen, v in zip(starts, plens, values, strict=True):
-                if start & PENDING:
-                    assert pending is not None
-                    at = start ^ PENDING
-                    parts.append(bytes(pending[at : at + plen]) + value_bytes(v))
-                else:
-                    parts.append(old[start : start + plen] + value_bytes(v))
-            new_starts = array("I", accumulate(map(len, parts), initial=0))
-            new_starts.pop()
-        self.text = self.block = b"".join(parts)
-        self.starts, self.changed, self.pending, self.dead = new_starts, set(), None, 0
-        return self.text
+        """The block's text: one ``%`` of the template over the values; the slots are
+        remade first where a value's kind changed."""
+        values = self.values
+        kinds = lines.kinds(values)
+        if kinds is None or kinds != self.kinds:
+            return self._reslot(lines, kinds)
+        return self.tmpl % tuple(values)
+
+    def _reslot(self, lines: LineFormat, kinds: bytes | None) -> bytes:
+        """Write each member's slot for its value's kind; values that need text of
+        their own (NaN, infinities) are passed as that text."""
+        tmpl = bytearray(self._merge())
+        args: list[object] = []
+        for at, value in zip(self.slots, self.values, strict=True):
+            slot, arg = lines.slot(value)
+            tmpl[at : at + 2] = slot
+            args.append(arg)
+        self.tmpl, self.kinds = bytes(tmpl), kinds
+        return self.tmpl % tuple(args)
 
 
 class SeriesRecord:

@@ -5,6 +5,7 @@ gateway's own metrics) need not import the store itself."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -17,11 +18,19 @@ FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_
 
 class LineFormat(Protocol):
     """How a series becomes an exposition line: ``prefix(name, labels) + value(v)``; the
-    registry stores the bytes and knows nothing of their format."""
+    registry stores the bytes and knows nothing of their format. A block is rendered
+    from a template, ``prefix`` (``%`` doubled) + ``slot`` per line: ``slot(v)`` is a
+    two-byte ``%`` conversion ending the line and what to format with it, and
+    ``kinds(values)`` says, in one bulk call, which slot each value needs (``None`` when
+    some value needs :meth:`slot` itself: the registry then asks per value)."""
 
     def prefix(self, name: str, labels: Labels) -> bytes: ...
 
     def value(self, value: float) -> bytes: ...
+
+    def slot(self, value: float) -> tuple[bytes, object]: ...
+
+    def kinds(self, values: Sequence[float]) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
