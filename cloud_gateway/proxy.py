@@ -43,6 +43,7 @@ import h11
 from aiohttp import web
 
 from cloud_gateway.endpoints import EndpointTable
+from cloud_gateway.peers import PeerClient
 from cloud_gateway.proxy_http import UpstreamChannel, UpstreamError, header_bytes, request_target
 from cloud_gateway.registry import Registry
 from cloud_gateway.self_metrics import SelfMetrics
@@ -111,6 +112,8 @@ class Proxy:
     clock: Callable[[], float] = time.time
     requests: Counter[int] = field(default_factory=Counter)
     self_metrics: SelfMetrics = field(default_factory=SelfMetrics)
+    # Several gateways: nodes owned by another gateway are asked of it (one hop).
+    peers: PeerClient | None = None
     _idle: dict[tuple[str, int], list[UpstreamChannel]] = field(default_factory=dict)
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
@@ -142,12 +145,29 @@ class Proxy:
         )
 
     async def relay(
-        self, request: web.Request, node: str, port: int, path_qs: str
+        self, request: web.Request, node: str, port: int, path_qs: str, *, hop: bool = True
     ) -> web.StreamResponse:
+        """Answer ``request`` from NODE:PORT; ``hop``: ask the owning gateway when the node
+        is not here (False for a request that came from a peer)."""
         started = time.monotonic()
         response: web.StreamResponse
         try:
-            response = await self._relay(request, node, port, path_qs, started)
+            try:
+                response = await self._relay(request, node, port, path_qs, started)
+            except ProxyError as exc:
+                owner = self._owner(exc, node) if hop else None
+                if owner is None:
+                    raise
+                assert self.peers is not None
+                timeout = self._deadline(request) - (time.monotonic() - started)
+                response = await self.peers.relay(
+                    request,
+                    owner,
+                    node=node,
+                    port=port,
+                    path_qs=path_qs,
+                    timeout=max(timeout, 0.001),
+                )
             status = response.status
         except _BrokenOff as exc:
             response, status = exc.response, exc.status
@@ -156,6 +176,12 @@ class Proxy:
         self.requests[status] += 1
         self.self_metrics.observe_proxy(status, time.monotonic() - started)
         return response
+
+    def _owner(self, exc: ProxyError, node: str) -> tuple[str, str] | None:
+        """Another gateway that owns ``node``, when this one does not have it."""
+        if self.peers is None or exc.status not in (404, 503):
+            return None
+        return self.peers.owner(node)
 
     def _deadline(self, request: web.Request) -> float:
         timeout = self.timeout

@@ -1,0 +1,92 @@
+"""A proxied scrape of a node owned by another gateway takes one authenticated hop to the
+owner's peer listener (cloud_gateway.peers), and never more than one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from aiohttp import web
+
+from cloud_gateway.app import Gateway
+from cloud_gateway.peers import PEER_PREFIX, PeerClient, peer_app
+from harness.fleet import (
+    TOKEN,
+    agent_config,
+    gateway_config,
+    make_pki,
+    running_agent,
+    running_gateway,
+)
+from harness.waiting import wait_for
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PEER_TOKEN = "peer-secret-0123456789"
+
+
+@asynccontextmanager
+async def peer_listener(gw: Gateway, token: str = PEER_TOKEN) -> AsyncIterator[str]:
+    runner = web.AppRunner(peer_app(gw.proxy, token))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_node_owned_by_another_gateway_is_scraped_through_it(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    async with (
+        running_gateway(gateway_config(pki)) as a,
+        running_gateway(gateway_config(pki)) as b,
+        peer_listener(a) as a_peer,
+        peer_listener(b) as b_peer,
+    ):
+        # the fleet view: edge-1 is on a; b's view says so, a's view (wrongly) says b —
+        # a request that arrives at a from a peer must not bounce back to b
+        b.proxy.peers = b_client = PeerClient(
+            PEER_TOKEN, lambda n: ("gw-a", a_peer) if n == "edge-1" else None
+        )
+        a.proxy.peers = a_client = PeerClient(PEER_TOKEN, lambda n: ("gw-b", b_peer))
+        async with running_agent(agent_config(pki, "edge-1", a)) as agent:
+            await wait_for(lambda: a.ingest.stats.batches >= 1)
+            base_a = f"http://127.0.0.1:{a.http_port}"
+            base_b = f"http://127.0.0.1:{b.http_port}"
+            async with httpx.AsyncClient(timeout=20) as client:
+                direct = await client.get(
+                    f"{base_a}/proxy/edge-1/{agent.port}/metrics", headers=AUTH
+                )
+                hop = await client.get(f"{base_b}/proxy/edge-1/{agent.port}/metrics", headers=AUTH)
+                assert direct.status_code == hop.status_code == 200
+                assert "DCGM_FI_DEV_GPU_UTIL" in hop.text
+                assert hop.headers["Content-Type"] == direct.headers["Content-Type"]
+                assert b_client.requests == 1
+                # errors still name the node: a node nobody owns is unknown on b
+                r = await client.get(f"{base_b}/proxy/nope/9100/metrics", headers=AUTH)
+                assert r.status_code == 404 and "unknown node 'nope'" in r.text
+                # the peer listener: only with the peer token, and it never hops again
+                url = f"http://{a_peer}{PEER_PREFIX}/edge-1/{agent.port}/metrics"
+                assert (await client.get(url)).status_code == 401
+                assert (await client.get(url, headers=AUTH)).status_code == 401  # not a peer
+                peer = {"Authorization": f"Bearer {PEER_TOKEN}"}
+                assert (await client.get(url, headers=peer)).status_code == 200
+                r = await client.get(f"http://{a_peer}{PEER_PREFIX}/elsewhere/9100/m", headers=peer)
+                assert r.status_code == 404 and "unknown node 'elsewhere'" in r.text
+                assert a_client.requests == 0  # a did not forward it to b
+        await a_client.close()
+        await b_client.close()
+        # the owner goes away: b answers 502 naming it
+    async with running_gateway(gateway_config(pki)) as b:
+        b.proxy.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_peer))
+        async with httpx.AsyncClient(timeout=20) as client:
+            r = await client.get(
+                f"http://127.0.0.1:{b.http_port}/proxy/edge-1/9400/metrics", headers=AUTH
+            )
+            assert r.status_code == 502
+            assert f"node 'edge-1' is on gateway gw-a ({a_peer}), which cannot be reached" in r.text
+        await b_client.close()
