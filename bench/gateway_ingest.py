@@ -15,8 +15,10 @@ every 10 s of simulated time); node k replays that timeline from snapshot k mod
 over the interval, so the gateway sees realistic 10-second-apart data from every node.
 
 Phases: connect all nodes (HELLO only); idle window (connected, nothing sent); start
-sending and skip each node's first ``--warmup`` batches after the first (DECLARE + full)
-one; measurement window; stop sending, let the acks drain, cross-check the counts; say
+sending, the nodes' first batches (DECLARE + full) spread over ``--ramp`` seconds
+(default nodes / 20: 1,000 of them in one second stall the gateway past the agents'
+silence timeout), and skip each node's first ``--warmup`` batches after its first one;
+measurement window; stop sending, let the acks drain, cross-check the counts; say
 whether the run was a valid steady state (the gateway applied what the agents offered in
 the window, within 3 %; no session re-established; no agents' process saturated, none
 running late; the machine not saturated) -- "VALID" or "NOT A STEADY STATE: why".
@@ -87,6 +89,10 @@ SEED = 7
 CONNECT_TIMEOUT = 90.0
 SETTLE_SECONDS = 1.5  # after the last connect: handshakes and their logging are over
 DRAIN_TIMEOUT = 10.0
+# A node's first batch (DECLARE of every series + a full batch) costs the gateway some
+# 20-40 ms, 50x a steady one: 1,000 of them within one interval stall its loop for longer
+# than the agents' silence timeout, and the sessions it has not answered are dropped.
+FIRST_BATCHES_PER_SECOND = 20
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -164,14 +170,22 @@ def offline_intervals(args: argparse.Namespace) -> float:
     node stays connected through the connect phase, the idle window and the start of
     sending (6, the default, closes the early nodes of a large fleet while the rest are
     still connecting, and the late-phase nodes before their first batch)."""
-    quiet = CONNECT_TIMEOUT + args.idle_seconds + 2 * args.interval + 30
+    quiet = CONNECT_TIMEOUT + args.idle_seconds + 2 * args.interval + 30  # ramp: sending
     return float(max(6, math.ceil(quiet / args.interval)))
+
+
+def ramp_intervals(args: argparse.Namespace) -> int:
+    """Intervals over which the nodes' first batches are spread (``--ramp`` seconds)."""
+    ramp: float = args.ramp
+    interval: float = args.interval
+    return max(1, math.ceil(ramp / interval))
 
 
 def default_timeout(args: argparse.Namespace) -> float:
     """Seconds after which the whole run aborts: every phase at its own limit, and more."""
     phases = CONNECT_TIMEOUT + 10 + SETTLE_SECONDS + args.idle_seconds
-    phases += (args.warmup + 2) * args.interval + 60 + args.seconds + DRAIN_TIMEOUT + 10
+    phases += (args.warmup + 2 + ramp_intervals(args)) * args.interval + 60
+    phases += args.seconds + DRAIN_TIMEOUT + 10
     return float(120 + 0.1 * args.nodes + phases)  # setup: certificates, data, processes
 
 
@@ -203,8 +217,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> bool:
         f"[registry] offline_after_intervals = {offline:g} (connected and idle is silent)"
     )
     print(
-        f"       measurement window {args.seconds:g} s after {args.warmup} warm-up batches per "
-        f"node; idle window {args.idle_seconds:g} s; PKI, certificates and data prepared in "
+        f"       first batches (DECLARE + full) spread over {ramp_intervals(args)} interval(s) "
+        f"(--ramp); measurement window {args.seconds:g} s after {args.warmup} warm-up batches "
+        f"per node; idle window {args.idle_seconds:g} s; PKI, certificates and data prepared in "
         f"{setup_seconds:.1f} s; the run aborts after {args.timeout:.0f} s"
     )
 
@@ -297,12 +312,15 @@ async def measure(
     if idle1.gateway_batches != idle0.gateway_batches:
         raise BenchError("batches arrived during the idle window")
 
-    # 3. send (node i at first_at + interval * i / n: the same clock in every process);
-    # skip each node's first batch (DECLARE + full) and the warm-up batches
-    await fleet.call("send", first_at=time.monotonic() + 0.2, total=n)
+    # 3. send (node i's first batch at first_at + interval * first_send(i, n, ramp): the
+    # same clock in every process); skip each node's first batch (DECLARE + full) and the
+    # warm-up batches
+    ramp = ramp_intervals(args)
+    await fleet.call("send", first_at=time.monotonic() + 0.2, total=n, ramp=ramp)
     await until(
         fleet, gw, lambda s: s["min_sent"] >= 1 + args.warmup,
-        (args.warmup + 2) * args.interval + 60, f"every node to send {1 + args.warmup} batches",
+        (args.warmup + 2 + ramp) * args.interval + 60,
+        f"every node to send {1 + args.warmup} batches",
     )  # fmt: skip
 
     # 4. measurement window
@@ -342,6 +360,11 @@ def main() -> int:
     parser.add_argument(
         "--spread", type=int, default=30, help="node k starts at collection k mod SPREAD"
     )
+    parser.add_argument(
+        "--ramp", type=float, default=None,
+        help=f"seconds over which the first batches are spread (default: nodes / "
+        f"{FIRST_BATCHES_PER_SECOND})",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="abort the run after this")
     parser.add_argument("--logs", default=None, help="keep the gateway's and workers' logs here")
     args = parser.parse_args()
@@ -349,6 +372,8 @@ def main() -> int:
         args.idle_seconds = args.seconds
     if args.procs is None:
         args.procs = default_procs(args.nodes)
+    if args.ramp is None:
+        args.ramp = args.nodes / FIRST_BATCHES_PER_SECOND
     if args.timeout is None:
         args.timeout = default_timeout(args)
     if args.nodes < 1 or args.interval <= 0 or args.seconds <= 0 or args.spread < 1:

@@ -11,8 +11,8 @@ on stdin and reads one JSON reply per line on stdout:
 - ``status``: connected nodes, connects, fewest batches sent by a node, batches not
   acknowledged yet;
 - ``send`` (``first_at``: a ``time.monotonic()`` instant, the same clock in every process
-  on Linux; ``total``: nodes in the whole fleet): node i sends every ``interval`` s from
-  ``first_at + interval * i / total``, so the fleet's batches are spread evenly;
+  on Linux; ``total``: nodes in the whole fleet; ``ramp``: intervals): node i sends every
+  ``interval`` s from ``first_at + interval * first_send(i, total, ramp)``;
 - ``mark`` (``label``): each node's bytes and batches sent so far, and this process's CPU;
 - ``stop_sending``; ``final``: per-node figures, ack latencies and send lateness between
   the marks ``w0`` and ``w1``; ``quit``.
@@ -41,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.ingest_steady import first_send
 from edge_agent import __version__
 from edge_agent.config import TunnelConfig
 from edge_agent.tunnel import Tunnel
@@ -170,11 +171,11 @@ class Agents:
             "unacked": sum(s.unacked for s in stats),
         }
 
-    def send(self, first_at: float, total: int) -> dict[str, Any]:
+    def send(self, first_at: float, total: int, ramp: int) -> dict[str, Any]:
         for node in self.nodes:
-            phase = self.interval * node.index / total
+            start = first_at + self.interval * first_send(node.index, total, ramp)
             node.sender = asyncio.create_task(
-                self._send_loop(node, first_at + phase), name=f"sender {node.name}"
+                self._send_loop(node, start), name=f"sender {node.name}"
             )
         return {}
 
@@ -282,7 +283,8 @@ async def serve(spec_path: Path) -> None:
             elif cmd == "status":
                 reply(agents.status())
             elif cmd == "send":
-                reply(agents.send(float(command["first_at"]), int(command["total"])))
+                first_at, total = float(command["first_at"]), int(command["total"])
+                reply(agents.send(first_at, total, int(command["ramp"])))
             elif cmd == "mark":
                 reply(agents.mark(str(command["label"])))
             elif cmd == "stop_sending":

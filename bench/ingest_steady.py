@@ -38,6 +38,15 @@ def shares(nodes: int, procs: int) -> list[range]:
     return out
 
 
+def first_send(index: int, total: int, ramp: int) -> float:
+    """When node ``index`` of ``total`` sends its first batch, in intervals from the
+    start: at phase ``index / total`` of an interval (the fleet's batches spread evenly
+    over each interval), in interval ``floor(ramp * index / total)`` (the fleet's first
+    batches -- DECLARE and a full batch, far costlier for the gateway than a steady one --
+    spread over ``ramp`` intervals)."""
+    return index * ramp // total + index / total
+
+
 def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]

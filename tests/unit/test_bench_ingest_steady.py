@@ -11,6 +11,7 @@ import pytest
 from bench.ingest_steady import (
     RunFacts,
     default_procs,
+    first_send,
     machine_jiffies,
     shares,
     steady_state_problems,
@@ -85,3 +86,12 @@ def test_rate_within_three_percent_is_steady() -> None:
 def test_machine_jiffies_count_idle_and_iowait_as_not_busy() -> None:
     stat = "cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 50 2 25 400 20 1 1 0 0 0\n"
     assert machine_jiffies(stat) == (160, 1000)
+
+
+def test_first_batches_spread_over_the_ramp_keep_the_even_phases() -> None:
+    starts = [first_send(i, 1000, 20) for i in range(1000)]
+    assert starts == sorted(starts)
+    assert [sum(1 for s in starts if k <= s < k + 1) for k in range(21)] == [50] * 20 + [0]
+    phases = sorted(s % 1 for s in starts)
+    assert phases == pytest.approx([i / 1000 for i in range(1000)])
+    assert [first_send(i, 4, 1) for i in range(4)] == [0, 0.25, 0.5, 0.75]
