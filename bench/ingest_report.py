@@ -55,17 +55,35 @@ class Window:
     wrapped: int = 0
 
 
+def first_batches(ramp: tuple[Window, Window], nodes: int, steady_cpu: float) -> None:
+    """The gateway's CPU for a node's first batch (DECLARE of every series + a full
+    batch): its CPU while the first batches came in, less the later batches of that time
+    at the window's cost per batch."""
+    r0, r1 = ramp
+    wall = r1.wall - r0.wall
+    cpu = r1.cpu.cpu_seconds - r0.cpu.cpu_seconds
+    later = r1.gateway_batches - r0.gateway_batches - nodes
+    each = max(cpu - later * steady_cpu, 0.0) / nodes
+    print(
+        label("    first batch (DECLARE + full), each")
+        + f"~{each * 1000:.1f} ms = {each / steady_cpu:.0f}x a steady batch (gateway CPU "
+        f"{cpu * 1000:.0f} ms over {wall:.1f} s = {cpu / wall:.0%} of a core while {nodes} "
+        f"first and {later} later batches came in)"
+    )
+
+
 def report(
     args: argparse.Namespace,
     finals: Sequence[dict[str, Any]],
-    idle0: Window,
-    idle1: Window,
-    w0: Window,
-    w1: Window,
+    idle: tuple[Window, Window],
+    ramp: tuple[Window, Window],
+    window: tuple[Window, Window],
     text: str,
     api_batches: int,
 ) -> bool:
     """Print every figure; True when the run was a valid steady state."""
+    idle0, idle1 = idle
+    w0, w1 = window
     nodes = [node for f in finals for node in f["nodes"]]  # in fleet order, as the marks
     wall = w1.wall - w0.wall
     batches = w1.gateway_batches - w0.gateway_batches
@@ -128,6 +146,7 @@ def report(
         f"(= {idle_cpu / batches * 1e6:.0f} us per measured batch); {args.nodes} nodes "
         "connected, not sending"
     )
+    first_batches(ramp, len(nodes), cpu / batches)
     print(
         label("    gateway RSS") + f"{w1.cpu.rss_kib / 1024:.1f} MiB (after the idle window "
         f"{idle1.cpu.rss_kib / 1024:.1f} MiB)"
