@@ -82,6 +82,12 @@ HEARTBEATS = _family(
     "counter",
     "HEARTBEAT frames sent to agents that had been sent nothing for their heartbeat period.",
 )
+ACK_FRAMES = _family(
+    "gpurelay_gateway_ack_frames_total",
+    "counter",
+    "ACK and ACK_RANGES frames sent (an agent that asks for range ACKs gets one per few "
+    "batches; compare with gpurelay_gateway_batches_total).",
+)
 CHANNELS = _family("gpurelay_gateway_channels", "gauge", "Open telemetry channels.")
 BODIES = _family(
     "gpurelay_gateway_metrics_bodies_built_total",
@@ -251,6 +257,7 @@ def gateway_families(
         _one(HELP_CONFLICTS, ingest.help_conflicts),
         _one(SILENT, ingest.silent_closed),
         _one(HEARTBEATS, ingest.heartbeats),
+        _one(ACK_FRAMES, ingest.ack_frames),
         _one(CHANNELS, channels),
         _one(BODIES, bodies_built),
         _fixed(HTTP, "endpoint", http_requests, ENDPOINTS),

@@ -10,7 +10,9 @@ Liveness (:mod:`cloud_gateway.liveness`) is swept on the gateway's tick
 threshold while the gateway was reading is closed (the node goes offline at once, not
 after TCP or SSH keepalives give up), and an agent that asked for heartbeats in HELLO
 gets a HEARTBEAT whenever the gateway has sent it nothing for that long, so it can tell
-ACKs held for remote write from a dead link.
+ACKs held for remote write from a dead link. An agent that asked for delayed range ACKs
+gets its ACKs gathered per connection (:mod:`cloud_gateway.acks`), written on the tick
+when due, at the end of a read that carried a REPLAY, and in place of a due HEARTBEAT.
 
 A BATCH is applied to the registry at once (so /metrics stays fresh); a REPLAY (an older,
 spooled collection) is decoded, so a malformed record closes the connection, and never
@@ -21,12 +23,14 @@ write took it); ingest only sends the ACKs it is given.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from cloud_gateway.acks import AckGatherer
 from cloud_gateway.conflicts import ConflictPolicy
 from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
 from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collection
@@ -36,7 +40,7 @@ from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import node_log
 from gpurelay.model import Labels
 from gpurelay.record import Record, RecordDecoder
-from gpurelay.wire import Batch, Declare, Frame, Heartbeat, Hello, Limits, Replay, WireError
+from gpurelay.wire import Ack, Batch, Declare, Frame, Heartbeat, Hello, Limits, Replay, WireError
 
 _MAX_KEYS: Final = 100_000  # remote write label sets remembered per session (replays)
 
@@ -55,6 +59,7 @@ class IngestStats:
     help_conflicts: int = 0  # families declared with another HELP than the fleet's
     silent_closed: int = 0  # connections closed after nothing was received for too long
     heartbeats: int = 0  # HEARTBEAT frames sent
+    ack_frames: int = 0  # ACK and ACK_RANGES frames sent
     batch_seconds: float = 0.0  # CPU-ish time spent applying batches (perf_counter)
     replay_seconds: float = 0.0  # same for replays (decode, and samples for remote write)
 
@@ -140,6 +145,8 @@ class NodeSession:
         self._send_frame = send
         self.conn_id: int | None = None
         self._heartbeat = 0.0  # what the agent asked for in HELLO (0: none)
+        self._acks: AckGatherer | None = None  # ACKs gathered, if the agent asked (HELLO)
+        self._flush_soon = False  # a write of due ACKs is scheduled on the loop
         self._last_received = self._last_sent = ingest.monotonic()
         self._received_seq = 0  # highest BATCH/REPLAY seq received, for HEARTBEAT
         self.log = node_log(node)
@@ -169,8 +176,36 @@ class NodeSession:
 
     def _send(self, frame: Frame) -> None:
         """A frame sent later (an ACK after remote write took a batch, a HEARTBEAT)."""
+        acks = self._acks
+        if acks is not None and type(frame) is Ack:  # gathered, written when due
+            now = self._ingest.monotonic()
+            acks.add(frame.seq, now)
+            if acks.due(now) and not self._flush_soon:  # a replay's: once this burst is in
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush_due)
+            return
+        self._ingest.stats.ack_frames += type(frame) is Ack
         self._last_sent = self._ingest.monotonic()
         self._send_frame(frame)
+
+    def _flush_due(self) -> None:
+        self._flush_soon = False
+        for frame in self.flush(force=False):
+            self._send_frame(frame)
+
+    def flush(self, *, force: bool) -> Sequence[Frame]:
+        """The gathered ACKs to write now: those due (see :mod:`cloud_gateway.acks`), or
+        all of them (``force``: the connection is about to end)."""
+        acks = self._acks
+        if acks is None or not acks:
+            return ()
+        now = self._ingest.monotonic()
+        if not (force or acks.due(now)):
+            return ()
+        frames = acks.take()
+        self._ingest.stats.ack_frames += len(frames)
+        self._last_sent = now
+        return frames
 
     def _beat(self) -> None:
         self._ingest.stats.heartbeats += 1
@@ -178,7 +213,10 @@ class NodeSession:
 
     def tick(self, now: float) -> None:
         ingest = self._ingest
-        if self._heartbeat and now - self._last_sent >= self._heartbeat:
+        beat = self._heartbeat and now - self._last_sent >= self._heartbeat
+        if self._acks is not None and self._acks and (beat or self._acks.due(now)):
+            self._flush_due()  # also stands for a HEARTBEAT due
+        elif beat:
             self._beat()
         if self._delivery.held:  # the gateway is not reading: not the node's silence
             self._last_received = now
@@ -199,8 +237,16 @@ class NodeSession:
 
     def handle(self, frame: Frame) -> Sequence[Frame]:
         replies = self._handle(frame)
-        if replies:
-            self._last_sent = self._ingest.monotonic()
+        if not replies:  # only BATCH and REPLAY have replies: their ACKs
+            return replies
+        acks = self._acks
+        if acks is not None:  # written by flush(), at the end of this read or later
+            replay = type(frame) is Replay
+            for ack in replies:
+                acks.add(ack.seq, self._last_received, replay=replay)  # type: ignore[union-attr]
+            return ()
+        self._ingest.stats.ack_frames += len(replies)
+        self._last_sent = self._ingest.monotonic()
         return replies
 
     def _handle(self, frame: Frame) -> Sequence[Frame]:
@@ -247,6 +293,8 @@ class NodeSession:
             hello.backend,
             hello.domain or self.node,
         )
+        if hello.ack_delay_seconds:
+            self._acks = AckGatherer(hello.ack_delay_seconds)
         if hello.heartbeat_seconds:  # the first at once: the agent learns we send them
             self._heartbeat = hello.heartbeat_seconds
             self._beat()
@@ -376,6 +424,8 @@ class NodeSession:
                 replayed=True,
             ),
         )
+        if not taken.acks and self._acks is not None:  # remote write has it: ACK later
+            self._acks.hold(replay.seq)
         ingest.stats.replays += 1
         ingest.stats.duplicates += taken.duplicate
         took = time.perf_counter() - started

@@ -9,7 +9,8 @@ logged once per connection, with the node, key id and serial it was about.
 Each authenticated connection may open one session channel with the ``gpurelay``
 subsystem. Bytes are decoded into frames here and handed to a :class:`Session` supplied
 by the application (the ingest stage); its replies are written back, and so are the
-frames it sends later (ACKs after remote write). After each chunk the channel awaits
+frames it sends later (ACKs after remote write); after the frames of each chunk, the ACKs
+it gathered and that are due (:meth:`Session.flush`). After each chunk the channel awaits
 :meth:`Session.flow`: while a session is over its queue bound the channel stops reading,
 and SSH flow control holds the agent. A frame that breaks the contract gets an ERROR
 frame back and the connection is closed; other nodes are not affected.
@@ -64,6 +65,9 @@ class Session(Protocol):
 
     def received(self, nbytes: int) -> None:
         """``nbytes`` more bytes arrived on the channel (for per-node accounting)."""
+
+    def flush(self, *, force: bool) -> Sequence[Frame]:
+        """Gathered ACKs to write now: those due, or all (``force``: before the end)."""
 
     def closed(self, reason: str) -> None:
         """The channel is gone (for whatever reason); called exactly once."""
@@ -332,13 +336,22 @@ class _TelemetryChannel:
         with suppress(OSError, asyncssh.Error):  # going away; reading will notice
             self._process.stdout.write(self._encoder.encode(frame))
 
+    def _flush(self) -> None:
+        """Write every ACK the session gathered (the connection is about to end)."""
+        session = self._session
+        if session is not None:
+            for frame in session.flush(force=True):
+                self._send(frame)
+
     def goodbye(self, reason: str) -> None:
+        self._flush()
         self._send(Goodbye(reason=reason))
 
     def close(self, reason: str) -> None:
         if not self._closing:
             self._closing = reason
             self.log.info("closing connection from %s: %s", self.remote, reason)
+            self._flush()
         self.conn.close()
 
     def _end(self, reason: str) -> None:
@@ -387,13 +400,17 @@ class _TelemetryChannel:
                     self._partial_since = None
                 if decoder.pending and self._partial_since is None:
                     self._partial_since = asyncio.get_running_loop().time()
-                for frame in frames:
-                    for reply in session.handle(frame):
+                if frames:
+                    for frame in frames:
+                        for reply in session.handle(frame):
+                            self._send(reply)
+                    for reply in session.flush(force=False):  # one ACK_RANGES per read
                         self._send(reply)
                 await session.flow()  # held: stop reading, SSH flow control holds the agent
         except WireError as exc:
             self._server.protocol_errors[exc.code] += 1
             self.log.warning("protocol error from %s (%s): %s", self.remote, exc.code, exc)
+            self._flush()  # what was taken before the bad frame stays taken
             self._send(ErrorFrame(code=exc.code, message=str(exc)))
             reason = f"protocol error: {exc.code}"
             await asyncio.sleep(0.05)  # let the ERROR frame leave before closing

@@ -78,9 +78,16 @@ class TunnelConfig:
     connect_timeout_seconds: float = 10.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
-    # Protocol liveness: the gateway sends an ACK or a HEARTBEAT at least every heartbeat
-    # period, min(interval_seconds, 5 s); with nothing from it for this long the agent
-    # drops the session and dials again. 0: 3 x that period + 5 s (20 s at a 10 s interval).
+    # ACKs gathered by the gateway: each batch is acknowledged at most about this late (+ the
+    # gateway's 1 s tick), in one ACK_RANGES frame with the others, so the gateway writes one
+    # frame every few batches instead of one per batch. Replays are acknowledged at once
+    # whatever this says. 0: one ACK frame per batch at once (needed for a gateway older
+    # than range ACKs, which refuses the HELLO field). At most 60.
+    ack_delay_seconds: float = 3.0
+    # Protocol liveness: the gateway sends ACKs or a HEARTBEAT at least every heartbeat
+    # period, max(min(interval_seconds, 5 s), ack_delay_seconds); with nothing from it for
+    # this long the agent drops the session and dials again. 0: 3 x that period + 5 s
+    # (20 s at a 10 s interval, 14 s at 1 s with the default ack delay).
     silence_timeout_seconds: float = 0.0
     # SSH keepalives, the backstop under the protocol's own liveness.
     keepalive_seconds: float = 15.0
@@ -188,16 +195,20 @@ class AgentConfig:
 
 
 MAX_HEARTBEAT_SECONDS = 5.0
+MAX_ACK_DELAY_SECONDS = 60.0  # what HELLO may carry (gpurelay.wire.frames, not imported here)
 
 
-def heartbeat_seconds(interval: float) -> float:
-    """How often the agent asks to hear from the gateway (HELLO ``heartbeat_seconds``)."""
-    return min(interval, MAX_HEARTBEAT_SECONDS)
+def heartbeat_seconds(interval: float, ack_delay: float = 0.0) -> float:
+    """How often the agent asks to hear from the gateway (HELLO ``heartbeat_seconds``):
+    never more often than ACKs are due, or HEARTBEATs would stand in for the ACK frames
+    that the delay saves."""
+    return max(min(interval, MAX_HEARTBEAT_SECONDS), ack_delay)
 
 
 def silence_timeout(cfg: TunnelConfig, interval: float) -> float:
     """Seconds with nothing from the gateway after which the agent drops the session."""
-    return cfg.silence_timeout_seconds or 3 * heartbeat_seconds(interval) + 5.0
+    beat = heartbeat_seconds(interval, cfg.ack_delay_seconds)
+    return cfg.silence_timeout_seconds or 3 * beat + 5.0
 
 
 def resolve_node_name(configured: str, environ: Mapping[str, str]) -> str:
@@ -276,12 +287,18 @@ def _validate(cfg: AgentConfig) -> None:
             "gateway.silence_timeout_seconds must be >= 0 (0: automatic), "
             "gateway.keepalive_count_max >= 1"
         )
-    beat = heartbeat_seconds(cfg.interval_seconds)
+    if not 0 <= gw.ack_delay_seconds <= MAX_ACK_DELAY_SECONDS:
+        raise ConfigError(
+            f"gateway.ack_delay_seconds must be in 0..{MAX_ACK_DELAY_SECONDS:g} "
+            f"(0: an ACK per batch at once), not {gw.ack_delay_seconds}"
+        )
+    beat = heartbeat_seconds(cfg.interval_seconds, gw.ack_delay_seconds)
     if gw.silence_timeout_seconds and gw.silence_timeout_seconds <= beat:
         raise ConfigError(
             f"gateway.silence_timeout_seconds ({gw.silence_timeout_seconds:g}) must be more "
-            f"than the heartbeat period ({beat:g}s = min(interval_seconds, "
-            f"{MAX_HEARTBEAT_SECONDS:g}s)): the gateway is heard from about that often"
+            f"than the heartbeat period ({beat:g}s = max(min(interval_seconds, "
+            f"{MAX_HEARTBEAT_SECONDS:g}s), ack_delay_seconds)): the gateway is heard from "
+            "about that often"
         )
     if gw.address:
         split_host_port(

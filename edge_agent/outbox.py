@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from edge_agent.spool import DROP_REASONS, Spool, SpooledBatch
 from gpurelay.model import Family, SampleSink, Snapshot
 from gpurelay.record import RecordEncoder
+from gpurelay.wire.ackranges import covered
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,12 @@ class Dispatch:
         self._outbox.discarded += 1
         if self._outbox.spool is not None:
             self._outbox.spool.ack(seqs=(seq,))
+
+    def acked_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """An ACK_RANGES frame: the same as one ACK for each seq sent here that it covers
+        (a range may be vast; only this connection's in-flight seqs are looked up)."""
+        if ranges:
+            self.acked(covered(ranges, self.in_flight))
 
     def acked(self, seqs: Iterable[int]) -> None:
         done = set(seqs)

@@ -50,6 +50,7 @@ from gpurelay.wire import (
     READ_CHUNK,
     SUBSYSTEM,
     Ack,
+    AckRanges,
     ErrorFrame,
     FrameDecoder,
     FrameEncoder,
@@ -350,7 +351,10 @@ class Tunnel:
         self._dispatch = None
         hello = self._hello()
         interval = hello.interval_seconds
-        hello = replace(hello, heartbeat_seconds=heartbeat_seconds(interval))
+        delay = self._cfg.ack_delay_seconds
+        hello = replace(
+            hello, heartbeat_seconds=heartbeat_seconds(interval, delay), ack_delay_seconds=delay
+        )
         silence = silence_timeout(self._cfg, interval)
         self._write(writer, frames.encode(hello))
         receiver = asyncio.create_task(self._receive(reader, silence))
@@ -431,14 +435,18 @@ class Tunnel:
             if any(isinstance(frame, Heartbeat) for frame in incoming):
                 self._acked_this_session = True  # the gateway took this session
             acked = [frame.seq for frame in incoming if isinstance(frame, Ack)]
-            if acked:
+            ranged = [frame.ranges for frame in incoming if isinstance(frame, AckRanges)]
+            if acked or ranged:
                 self._acked_this_session = True
-                self.stats.acked_seq = max(self.stats.acked_seq, *acked)
+                top = max(acked + [ranges[-1][1] for ranges in ranged])
+                self.stats.acked_seq = max(self.stats.acked_seq, top)
                 if self._dispatch is not None:
                     self._dispatch.acked(acked)
+                    for ranges in ranged:  # each frame's ranges are ascending (canonical)
+                        self._dispatch.acked_ranges(ranges)
                 self._wakeup.set()  # room for more replays
             for frame in incoming:
-                if isinstance(frame, Ack | Heartbeat):
+                if isinstance(frame, Ack | AckRanges | Heartbeat):
                     continue
                 if isinstance(frame, Goodbye):
                     self.log.info("gateway is going away: %s", frame.reason)

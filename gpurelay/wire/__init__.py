@@ -5,7 +5,8 @@ split by concern: :mod:`~gpurelay.wire.frames` (types, limits, constants),
 :mod:`~gpurelay.wire.rules` (naming and size rules), :mod:`~gpurelay.wire.session`
 (what both ends track per connection), :mod:`~gpurelay.wire.varint` and
 :mod:`~gpurelay.wire.values` (integers and value kinds), :mod:`~gpurelay.wire.payloads`
-(the JSON payloads), :mod:`~gpurelay.wire.encoder` and :mod:`~gpurelay.wire.decoder`.
+(the JSON payloads), :mod:`~gpurelay.wire.ackranges` (ACK_RANGES and its helpers),
+:mod:`~gpurelay.wire.encoder` and :mod:`~gpurelay.wire.decoder`.
 It is pure:
 no sockets, no clocks. One :class:`FrameEncoder` and one :class:`FrameDecoder` exist per
 direction of one connection: they keep that connection's compression stream, the series
@@ -23,11 +24,14 @@ stay short):
   flush's constant ``00 00 ff ff`` tail left off (the decoder puts it back, as RFC 7692
   does). Structure repeated across frames (label sets, unchanged series ids) costs almost
   nothing. A payload may inflate to at most ``max_frame_bytes``.
-- ACK, HEARTBEAT, ERROR, GOODBYE travel uncompressed (tiny, and an ERROR must always be readable),
-  and so does REPLAY (its record is compressed already).
+- ACK, ACK_RANGES, HEARTBEAT, ERROR, GOODBYE travel uncompressed (tiny, and an ERROR
+  must always be readable), and so does REPLAY (its record is compressed already).
 - HELLO: compact UTF-8 JSON ``{"agent_version", "node", "domain", "backend",
   "driver_version", "hostname", "interval_seconds", "gpus": [GpuInventory fields],
-  "heartbeat_seconds"}``; the last only from agents that want HEARTBEAT frames (> 0).
+  "heartbeat_seconds", "ack_delay_seconds"}``; the last two only when > 0:
+  ``heartbeat_seconds`` from agents that want HEARTBEAT frames, ``ack_delay_seconds``
+  (0..60) from agents that want ACK_RANGES instead of ACK (below). HELLO is parsed
+  strictly, so an older gateway refuses a field it does not know: upgrade gateways first.
 - DECLARE: JSON ``{"series": [{"id", "name", "type", "help", "labels": [[k, v], ...]}]}``.
 - ERROR: JSON ``{"code", "message"}``. GOODBYE: JSON ``{"reason"}``. ACK: ``uvarint seq``
   (that one batch or replay is safely taken: applied, and accepted by remote write if on).
@@ -35,6 +39,15 @@ stay short):
   not; the gateway sends one after HELLO and whenever it has sent the agent nothing for
   the HELLO's ``heartbeat_seconds``, so the agent can tell a dead link from ACKs held for
   remote write. Only to agents that asked: an older agent would refuse the frame type.
+- ACK_RANGES (:mod:`~gpurelay.wire.ackranges`): ``uvarint count`` (1..1024), then per
+  range ``uvarint first`` (the first range) or ``uvarint first - previous last - 2``
+  (the others), and ``uvarint last - first``; ascending, disjoint, not adjacent, canonical.
+  It means exactly what one ACK per seq in the ranges would. Only to agents that asked
+  with ``ack_delay_seconds`` > 0; those get no ACK frames. The gateway gathers a
+  connection's ACKs and sends them in one frame when the oldest waited that long (on its
+  1 s tick, so up to a second more), when a REPLAY's ACK is due (at the end of the read
+  that carried it, so replays are never held back by the agent's in-flight bound), when
+  32 seqs wait, in place of a HEARTBEAT that is due, and before GOODBYE or a close.
 - REPLAY: ``uvarint seq | record`` (:mod:`gpurelay.record`): a spooled collection, sent
   again after a reconnect, in any order relative to BATCH frames; its seq is not checked
   against the connection's BATCH order (the receiver dedupes seqs instead).
@@ -76,6 +89,7 @@ from gpurelay.wire.frames import (
     READ_CHUNK,
     SUBSYSTEM,
     Ack,
+    AckRanges,
     Batch,
     Declare,
     ErrorFrame,
@@ -98,6 +112,7 @@ __all__ = [
     "READ_CHUNK",
     "SUBSYSTEM",
     "Ack",
+    "AckRanges",
     "Batch",
     "Declare",
     "ErrorFrame",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+from gpurelay.wire.ackranges import parse_ack_ranges
 from gpurelay.wire.frames import (
     COMPRESSED,
     DEFAULT_LIMITS,
@@ -137,6 +138,8 @@ class FrameDecoder:
                 return Replay(seq=seq, record=body[pos:])
             if ftype is FrameType.ACK:
                 return parse_ack(body)
+            if ftype is FrameType.ACK_RANGES:
+                return parse_ack_ranges(body)
             if ftype is FrameType.HEARTBEAT:
                 return parse_heartbeat(body)
             if ftype is FrameType.ERROR:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
+from gpurelay.wire.ackranges import encode_ack_ranges
 from gpurelay.wire.frames import (
     COMPRESSED,
     DEFAULT_LIMITS,
@@ -14,6 +15,7 @@ from gpurelay.wire.frames import (
     SYNC_TAIL,
     WINDOW_BITS,
     Ack,
+    AckRanges,
     Batch,
     Declare,
     ErrorFrame,
@@ -111,6 +113,8 @@ class FrameEncoder:
                 out = bytearray()
                 put(out, frame.seq)
                 return FrameType.ACK, bytes(out), None
+            if isinstance(frame, AckRanges):
+                return FrameType.ACK_RANGES, encode_ack_ranges(frame), None
             if isinstance(frame, Heartbeat):
                 received = frame.received
                 if type(received) is not int or not 0 <= received <= MAX_SEQ:

@@ -23,6 +23,7 @@ class FrameType(IntEnum):
     GOODBYE = 6  # gateway -> agent: shutting down, reconnect later
     REPLAY = 7  # agent -> gateway: one spooled collection, self-contained (gpurelay.record)
     HEARTBEAT = 8  # gateway -> agent: alive, to an agent that asked for it in HELLO
+    ACK_RANGES = 9  # gateway -> agent: these seq ranges are taken (asked for in HELLO)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +40,8 @@ DEFAULT_LIMITS: Final = Limits()
 
 # HELLO's own bounds: facts about a box are short (a version, a hostname, a GPU's name).
 MAX_HEARTBEAT_SECONDS: Final = 3600.0  # what an agent may ask for in HELLO
+MAX_ACK_DELAY_SECONDS: Final = 60.0  # same, for delayed range ACKs
+MAX_ACK_RANGES: Final = 1024  # ranges in one ACK_RANGES frame (at most ~20 KiB)
 HELLO_TEXT_BYTES: Final = 256  # each text field, in UTF-8
 HELLO_GPUS: Final = 256  # physical GPUs listed (MIG instances are not listed)
 
@@ -56,6 +59,9 @@ class Hello:
     # > 0: send me a HEARTBEAT whenever you have sent me nothing for this long, so that I
     # can tell a silent link from a gateway that is holding ACKs (0: an older agent).
     heartbeat_seconds: float = 0.0
+    # > 0: acknowledge me with ACK_RANGES frames, an ACK at most about this late (0: one
+    # ACK frame per seq at once, as an older agent expects).
+    ack_delay_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +107,21 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AckRanges:
+    """Every seq in these ranges is taken, exactly as if one ACK per seq had come.
+
+    ``ranges``: (first, last) pairs, both inclusive, ascending, disjoint and not adjacent
+    (a gap of at least one seq between two ranges): one canonical form per set of seqs.
+    1..:data:`MAX_ACK_RANGES` of them."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def seqs(self) -> int:
+        """How many seqs the frame acknowledges."""
+        return sum(last - first + 1 for first, last in self.ranges)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
     """The gateway is alive and reading: ``received`` is the highest seq it has received
     on this connection (0: none yet), acknowledged or not (ACKs wait for remote write)."""
@@ -119,7 +140,7 @@ class Goodbye:
     reason: str
 
 
-Frame = Hello | Declare | Batch | Replay | Ack | Heartbeat | ErrorFrame | Goodbye
+Frame = Hello | Declare | Batch | Replay | Ack | AckRanges | Heartbeat | ErrorFrame | Goodbye
 
 
 # Every code a WireError can carry: a fixed set, so it can be a metric label.

@@ -13,6 +13,7 @@ from gpurelay.model import GpuInventory
 from gpurelay.wire.frames import (
     HELLO_GPUS,
     HELLO_TEXT_BYTES,
+    MAX_ACK_DELAY_SECONDS,
     MAX_HEARTBEAT_SECONDS,
     MAX_SEQ,
     Ack,
@@ -142,6 +143,8 @@ def hello_json(hello: Hello) -> dict[str, Any]:
     }
     if hello.heartbeat_seconds:  # left out when 0: the HELLO an older agent sent
         out["heartbeat_seconds"] = hello.heartbeat_seconds
+    if hello.ack_delay_seconds:  # left out when 0, so an older gateway takes this HELLO
+        out["ack_delay_seconds"] = hello.ack_delay_seconds
     return out
 
 
@@ -177,6 +180,7 @@ def parse_hello(body: bytes) -> Hello:
         interval_seconds=o.number("interval_seconds", 10.0),
         gpus=tuple(parse_gpu(g, i) for i, g in enumerate(gpus)),
         heartbeat_seconds=o.number("heartbeat_seconds", 0.0),
+        ack_delay_seconds=o.number("ack_delay_seconds", 0.0),
     )
     o.done()
     if hello.interval_seconds <= 0:
@@ -185,6 +189,11 @@ def parse_hello(body: bytes) -> Hello:
         raise WireError(
             "malformed",
             f"HELLO: field 'heartbeat_seconds' must be in 0..{MAX_HEARTBEAT_SECONDS:g}",
+        )
+    if not 0 <= hello.ack_delay_seconds <= MAX_ACK_DELAY_SECONDS:
+        raise WireError(
+            "malformed",
+            f"HELLO: field 'ack_delay_seconds' must be in 0..{MAX_ACK_DELAY_SECONDS:g}",
         )
     return hello
 

@@ -49,7 +49,9 @@ async def test_agent_pushes_and_gateway_exposes_it_under_the_node_name(tmp_path:
             assert procs and all('NodeName="edge-a"' in line for line in procs)
             assert 'gpurelay_node_up{Hostname="edge-a"} 1' in text
             assert 'gpurelay_agent_gateway_connected{Hostname="edge-a"} 1' in text
-            assert agent.tunnel is not None and agent.tunnel.stats.acked_seq >= 2
+            tunnel = agent.tunnel
+            assert tunnel is not None  # ACKs come in ranges, up to [gateway] ack_delay + 1 s late
+            await wait_for(lambda: tunnel.stats.acked_seq >= 2, what="two batches acknowledged")
             base = f"http://127.0.0.1:{gw.http_port}"
             async with httpx.AsyncClient(base_url=base) as client:
                 assert (await client.get("/api/v1/nodes")).status_code == 401

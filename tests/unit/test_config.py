@@ -66,8 +66,11 @@ def test_toml_then_environment_overrides(tmp_path: Path) -> None:
         (
             "interval_seconds = 10\n[gateway]\nsilence_timeout_seconds = 5\n",
             {},
-            "must be more than the heartbeat period (5s = min(interval_seconds, 5s))",
+            "must be more than the heartbeat period "
+            "(5s = max(min(interval_seconds, 5s), ack_delay_seconds))",
         ),
+        ("[gateway]\nack_delay_seconds = 61\n", {}, "gateway.ack_delay_seconds must be in 0..60"),
+        ("[gateway]\nack_delay_seconds = -1\n", {}, "gateway.ack_delay_seconds must be in 0..60"),
     ],
 )
 def test_bad_config_is_a_clear_error(
