@@ -120,8 +120,9 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / den * 3600 if den else 0.0
 
 
-def profile(pid: int, seconds: int, out: Path) -> None:
-    """py-spy record (raw collapsed stacks) and print the top functions by own samples."""
+def profile(pid: int, seconds: int, out: Path, keep: str = "") -> None:
+    """py-spy record (raw collapsed stacks) and print the top functions by own samples;
+    ``keep``: also copy the collapsed stacks there (for flame graphs or a closer look)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("py-spy not installed (pip install py-spy): no profile")
@@ -132,6 +133,8 @@ def profile(pid: int, seconds: int, out: Path) -> None:
         check=False,
         capture_output=True,
     )
+    if keep and raw.exists():
+        shutil.copyfile(raw, keep)
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     busy = 0
@@ -184,6 +187,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--process-interval", type=float, default=0.0, help="0: the default")
     p.add_argument("--profile", type=int, default=0, help="py-spy for this many seconds")
+    p.add_argument("--profile-out", default="", help="keep py-spy's collapsed stacks here")
     p.add_argument("--cycles", type=int, default=300, help="in-process device cycles")
     args = p.parse_args()
     print(f"python {sys.version.split()[0]} on {os.uname().machine}, {os.cpu_count()} CPUs")
@@ -225,7 +229,7 @@ def main() -> None:
             time.sleep(10)
             threads = {k: v - threads.get(k, 0.0) for k, v in thread_cpu(agent.pid).items()}
             if args.profile:  # after the measured span: py-spy's sampling costs the agent CPU
-                profile(agent.pid, args.profile, tmp)
+                profile(agent.pid, args.profile, tmp, args.profile_out)
             gw_text = gateway.metrics()
         except HarnessError as exc:
             print(exc, file=sys.stderr)

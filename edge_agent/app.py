@@ -22,8 +22,6 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import web
-
 from edge_agent import __version__, http_server
 from edge_agent.attribute import Attributor
 from edge_agent.attribute.pod_resources import PodDevices
@@ -34,6 +32,7 @@ from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import GPU_MEMORY_UNITS_MIB, AgentConfig, resolve_node_name
 from edge_agent.errors import AgentError, NvmlUnavailable
+from edge_agent.httpd import HttpServer
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.outbox import Outbox
@@ -219,7 +218,7 @@ class Agent:
         self.stop = asyncio.Event()
         self.published = http_server.LatestSnapshot(max_age=max(3 * cfg.interval_seconds, 30.0))
         self.pipeline: Pipeline | None = None
-        self.runner: web.AppRunner | None = None
+        self.runner: HttpServer | None = None
         self.port = 0
         self.local_port = 0  # where the tunnel reaches our exporter (plain, loopback)
         self.listening: http_server.Listening | None = None

@@ -15,13 +15,11 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import json
-import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import web
-
+from edge_agent.httpd import Handler, HttpServer, Request, Response
 from gpurelay.bie import collect_document
 from gpurelay.exposition import (
     OPENMETRICS_CONTENT_TYPE,
@@ -62,98 +60,78 @@ class LatestSnapshot:
         return cached
 
 
-LATEST: web.AppKey[LatestSnapshot] = web.AppKey("latest", LatestSnapshot)
-BASIC: web.AppKey[BasicAuth] = web.AppKey("basic_auth", BasicAuth)
 HEALTH_PATHS = ("/healthz", "/health")  # /health: dcgm-exporter's name for the same probe
 OPEN_PATHS = frozenset(HEALTH_PATHS)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _not_ready() -> web.Response:
-    return web.Response(status=503, text="no collection has completed yet\n")
+def _not_ready() -> Response:
+    return Response.text("no collection has completed yet\n", 503)
 
 
-async def metrics(request: web.Request) -> web.Response:
-    pub = request.app[LATEST]
-    if pub.snapshot is None:
-        return _not_ready()
-    om = wants_openmetrics(request.headers.get("Accept", ""))
-    gz = "gzip" in request.headers.get("Accept-Encoding", "")
-    headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE}
-    if gz:
-        headers["Content-Encoding"] = "gzip"
-    return web.Response(body=pub.body(om, gz), headers=headers)
+def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> HttpServer:
+    """The endpoints over ``published``; with ``users``, basic auth on all but the probes."""
 
+    async def metrics(request: Request) -> Response:
+        if published.snapshot is None:
+            return _not_ready()
+        om = wants_openmetrics(request.header("Accept"))
+        gz = "gzip" in request.header("Accept-Encoding")
+        headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE}
+        if gz:
+            headers["Content-Encoding"] = "gzip"
+        return Response(200, published.body(om, gz), headers)
 
-async def bie_collect(request: web.Request) -> web.Response:
-    pub = request.app[LATEST]
-    if pub.snapshot is None:
-        return _not_ready()
-    doc = collect_document(pub.snapshot.node, pub.snapshot.gpus)
-    return web.json_response(doc, dumps=json.dumps)
+    async def bie_collect(_request: Request) -> Response:
+        if published.snapshot is None:
+            return _not_ready()
+        doc = collect_document(published.snapshot.node, published.snapshot.gpus)
+        return Response(200, json.dumps(doc).encode(), {"Content-Type": "application/json"})
 
-
-async def healthz(request: web.Request) -> web.Response:
-    pub = request.app[LATEST]
-    if pub.snapshot is None:
-        return _not_ready()
-    age = pub.clock() - pub.snapshot.timestamp
-    if age > pub.max_age:
-        return web.Response(status=503, text=f"last collection was {age:.0f}s ago\n")
-    return web.Response(text=f"ok: node {pub.snapshot.node}, last collection {age:.1f}s ago\n")
-
-
-@web.middleware
-async def basic_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every path but OPEN_PATHS needs a user of ``basic_auth_users``: 401 otherwise."""
-    users = request.app.get(BASIC)
-    if users is None or request.path in OPEN_PATHS:
-        return await handler(request)
-    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-    pair = parse_basic(value) if scheme.lower() == "basic" else None
-    if pair is None or not await users.verify(*pair):
-        return web.Response(
-            status=401,
-            text="basic auth required: wrong or missing user name or password\n",
-            headers={"WWW-Authenticate": BASIC_CHALLENGE},
+    async def healthz(_request: Request) -> Response:
+        if published.snapshot is None:
+            return _not_ready()
+        age = published.clock() - published.snapshot.timestamp
+        if age > published.max_age:
+            return Response.text(f"last collection was {age:.0f}s ago\n", 503)
+        return Response.text(
+            f"ok: node {published.snapshot.node}, last collection {age:.1f}s ago\n"
         )
-    return await handler(request)
 
+    async def basic_auth(request: Request, handler: Handler) -> Response:
+        """Every path but OPEN_PATHS needs a user of ``basic_auth_users``: 401 otherwise."""
+        assert users is not None
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        scheme, _, value = request.header("Authorization").partition(" ")
+        pair = parse_basic(value) if scheme.lower() == "basic" else None
+        if pair is None or not await users.verify(*pair):
+            return Response.text(
+                "basic auth required: wrong or missing user name or password\n",
+                401,
+                **{"WWW-Authenticate": BASIC_CHALLENGE},
+            )
+        return await handler(request)
 
-def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> web.Application:
-    app = web.Application(middlewares=[basic_auth] if users else [])
-    app[LATEST] = published
-    if users:
-        app[BASIC] = users
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/collect", bie_collect)
-    for path in HEALTH_PATHS:
-        app.router.add_get(path, healthz)
-    return app
+    routes: dict[str, Handler] = {"/metrics": metrics, "/v1/collect": bie_collect}
+    routes.update({path: healthz for path in HEALTH_PATHS})
+    return HttpServer(routes, guard=basic_auth if users else None)
 
 
 @dataclass(frozen=True)
 class Listening:
-    runner: web.AppRunner
+    runner: HttpServer
     port: int  # the configured listener's bound port (TLS when the web config says so)
     # Where the tunnel reaches the exporter: ``port`` itself, or with a web config a plain
-    # listener on 127.0.0.1 without basic auth (its own runner): the gateway has already
+    # listener on 127.0.0.1 without basic auth (its own server): the gateway has already
     # checked the scraper's credentials, SSH encrypts the path, and the gateway's proxy
     # speaks plain HTTP and passes no credentials on.
     local_port: int
-    tunnel_runner: web.AppRunner | None = None
+    tunnel_runner: HttpServer | None = None
 
     async def close(self) -> None:
         if self.tunnel_runner is not None:
             await self.tunnel_runner.cleanup()
         await self.runner.cleanup()
-
-
-async def _site(runner: web.AppRunner, host: str, port: int, ctx: ssl.SSLContext | None) -> int:
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ctx)
-    await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    return int(sockets[0].getsockname()[1]) if sockets else port
 
 
 async def serve(
@@ -168,19 +146,17 @@ async def serve(
     loopback listener the tunnel uses (see :class:`Listening`)."""
     users = BasicAuth(web_config.basic_auth_users) if web_config else None
     context = web_config.ssl_context() if web_config else None
-    runner = web.AppRunner(make_app(published, users or None), access_log=None)
-    await runner.setup()
-    bound = await _site(runner, host, port, context)
+    server = make_app(published, users or None)
+    bound = await server.start(host, port, context)
     if web_config is None or not tunnel:
-        return Listening(runner, bound, bound)
-    plain = web.AppRunner(make_app(published), access_log=None)
-    await plain.setup()
-    local = await _site(plain, "127.0.0.1", 0, None)
-    return Listening(runner, bound, local, plain)
+        return Listening(server, bound, bound)
+    plain = make_app(published)
+    local = await plain.start("127.0.0.1", 0, None)
+    return Listening(server, bound, local, plain)
 
 
-async def start(published: LatestSnapshot, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving plain HTTP; returns the runner (for cleanup) and the bound port."""
+async def start(published: LatestSnapshot, host: str, port: int) -> tuple[HttpServer, int]:
+    """Start serving plain HTTP; returns the server (for cleanup) and the bound port."""
     listening = await serve(published, host, port)
     return listening.runner, listening.port
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiohttp import web
 
 from edge_agent import http_server
 from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
@@ -179,9 +178,6 @@ def test_gateway_cli_errors_are_one_line(tmp_path: Path) -> None:
     proc = run_module("cloud_gateway", "run", "--config", str(missing_ca))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "ssh.user_ca" in proc.stderr
-
-
-_ = web  # aiohttp is the server under test
 
 
 def test_sighup_reloads_what_is_safe_and_names_the_rest(tmp_path: Path) -> None:

@@ -37,11 +37,12 @@ async def agent(tmp_path: Path) -> AsyncIterator[tuple[http_server.LatestSnapsho
     pipeline, _sim, clock = make_pipeline(tmp_path, gpus=1)
     published = http_server.LatestSnapshot(clock=clock)
     users = BasicAuth({"prom": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))})
-    runner, base = await _serve(http_server.make_app(published, users))
+    server = http_server.make_app(published, users)
+    port = await server.start("127.0.0.1", 0, None)
     try:
-        yield published, pipeline, base
+        yield published, pipeline, f"http://127.0.0.1:{port}"
     finally:
-        await runner.cleanup()
+        await server.cleanup()
         pipeline.close()
 
 

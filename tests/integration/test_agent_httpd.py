@@ -1,0 +1,210 @@
+"""The agent's own HTTP/1.1 server (edge_agent.httpd) over real sockets: what a client
+sends wrong gets a bounded, well-formed answer, and the agent never imports aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from edge_agent import http_server, httpd
+from gpurelay.web_config import BasicAuth
+from harness.pipeline import make_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+Served = tuple[http_server.LatestSnapshot, int]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    pipeline, _sim, clock = make_pipeline(tmp_path, gpus=1)
+    published = http_server.LatestSnapshot(clock=clock)
+    published.publish(pipeline.collection.collect())
+    listening = await http_server.serve(published, "127.0.0.1", 0)
+    try:
+        yield published, listening.port
+    finally:
+        await listening.close()
+        pipeline.close()
+
+
+async def exchange(port: int, data: bytes, *, responses: int = 1) -> list[tuple[bytes, bytes]]:
+    """Send ``data`` raw; read ``responses`` responses (head, body) by Content-Length."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        out = []
+        for _ in range(responses):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            head_only = data.startswith(b"HEAD")
+            out.append((head, b"" if head_only else await reader.readexactly(length)))
+        return out
+    finally:
+        writer.close()
+
+
+def status(head: bytes) -> int:
+    return int(head.split(b" ", 2)[1])
+
+
+async def closed_by_server(port: int, data: bytes, timeout: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        return await asyncio.wait_for(reader.read(1 << 20), timeout) + await asyncio.wait_for(
+            reader.read(), timeout
+        )
+    finally:
+        writer.close()
+
+
+async def test_keep_alive_pipelining_head_and_gzip(served: Served) -> None:
+    published, port = served
+    get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    (a, body_a), (b, body_b) = await exchange(port, get + get, responses=2)  # one connection
+    assert status(a) == status(b) == 200 and body_a == body_b == published.body(False, False)
+    ((head, body),) = await exchange(port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status(head) == 200 and body == b""
+    assert f"Content-Length: {len(body_a)}".encode() in head
+    gz = b"GET /metrics?x=1 HTTP/1.1\r\nAccept-Encoding: gzip, deflate\r\n\r\n"
+    ((head, body),) = await exchange(port, gz)
+    assert b"Content-Encoding: gzip" in head and gzip.decompress(body) == body_a
+    absolute = b"GET http://edge:9400/v1/collect HTTP/1.1\r\n\r\n"
+    ((head, body),) = await exchange(port, absolute)
+    assert status(head) == 200 and body.startswith(b"{") and b"application/json" in head
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "code"),
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\n folded: x\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
+        (b"GET metrics HTTP/1.1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
+        (b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
+        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * httpd.MAX_HEAD + b"\r\n\r\n", 431),
+        (b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * (httpd.MAX_HEADERS + 1) + b"\r\n", 431),
+    ],
+)
+async def test_bad_requests_get_a_status_and_the_connection_closes(
+    served: Served, request_bytes: bytes, code: int
+) -> None:
+    _published, port = served
+    answer = await closed_by_server(port, request_bytes)
+    assert status(answer) == code, answer[:200]
+    assert b"Connection: close" in answer
+
+
+async def test_unknown_paths_and_methods_keep_the_connection(served: Served) -> None:
+    _published, port = served
+    (nope, _), (post, _), (ok, _) = await exchange(
+        port,
+        b"GET /nope HTTP/1.1\r\n\r\n"
+        b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi"
+        b"GET /healthz HTTP/1.1\r\n\r\n",
+        responses=3,
+    )
+    assert [status(nope), status(post), status(ok)] == [404, 405, 200]
+    assert b"Allow: GET, HEAD" in post
+
+
+async def test_http10_closes_unless_asked_and_close_is_honoured(served: Served) -> None:
+    _published, port = served
+    for req in (
+        b"GET /healthz HTTP/1.0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ):
+        answer = await closed_by_server(port, req)  # returns: the server closed
+        assert status(answer) == 200 and b"Connection: close" in answer
+    (head, _), (again, _) = await exchange(
+        port, b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" * 2, responses=2
+    )
+    assert status(head) == status(again) == 200
+
+
+async def test_a_slow_or_silent_client_is_dropped(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _published, port = served
+    monkeypatch.setattr(httpd, "HEAD_TIMEOUT", 0.3)
+    monkeypatch.setattr(httpd, "IDLE_TIMEOUT", 0.3)
+    # A head that never ends (slowloris): 408, then closed.
+    answer = await closed_by_server(port, b"GET /metrics HTTP/1.1\r\nX-A: b\r\n")
+    assert status(answer) == 408
+    # Nothing sent at all, or idle after a response: closed without a word.
+    assert await closed_by_server(port, b"") == b""
+    answer = await closed_by_server(port, b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert status(answer) == 200 and answer.count(b"HTTP/1.1") == 1
+
+
+async def test_basic_auth_guards_every_path_but_the_probes(tmp_path: Path) -> None:
+    pipeline, _sim, clock = make_pipeline(tmp_path, gpus=1)
+    published = http_server.LatestSnapshot(clock=clock)
+    published.publish(pipeline.collection.collect())
+    users = BasicAuth({"prom": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))})
+    server = http_server.make_app(published, users)
+    port = await server.start("127.0.0.1", 0, None)
+    try:
+        for path, code in (("/metrics", 401), ("/nope", 401), ("/healthz", 200)):
+            answer = await closed_by_server(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            assert status(answer) == code, path
+        ok = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic cHJvbTpzZWNyZXQ=\r\n\r\n"
+        assert status(await closed_by_server(port, ok)) == 200
+    finally:
+        await server.cleanup()
+        pipeline.close()
+
+
+_AGENT_RUNS = r"""
+import os, signal, sys, threading, time, urllib.request
+from edge_agent.cli import main
+
+url = f"http://127.0.0.1:{sys.argv[1]}/metrics"
+
+
+def scrape_then_stop():
+    for _ in range(300):
+        try:
+            if urllib.request.urlopen(url, timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+threading.Thread(target=scrape_then_stop, daemon=True).start()
+rc = main(["run", "--simulate", "1", "--listen", f"127.0.0.1:{sys.argv[1]}"])
+heavy = ("aiohttp", "multidict", "yarl", "grpc", "prometheus_client")
+print(rc, sorted({m.split(".")[0] for m in sys.modules} & set(heavy)))
+"""
+
+
+def test_the_running_agent_never_imports_aiohttp() -> None:
+    """aiohttp alone is ~16 MB of the agent's RSS; the agent serves without it."""
+    from harness.ports import free_ports
+
+    (port,) = free_ports(1)
+    out = subprocess.run(
+        [sys.executable, "-c", _AGENT_RUNS, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert out.stdout.strip() == "0 []", out.stderr[-2000:]
