@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -96,6 +97,13 @@ def _value_end(value: float) -> bytes:
 
 
 _SPECIAL: Final = {math.inf: b"+Inf", -math.inf: b"-Inf"}
+_LABEL: Final = re.compile(r'([^=,{}]+)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE: Final = re.compile(r"\\(.)", re.S)
+
+
+def _unescape(m: re.Match[str]) -> str:
+    c = m.group(1)
+    return "\n" if c == "n" else c
 
 
 class TextLines:
@@ -109,6 +117,15 @@ class TextLines:
         return f"{name}{format_labels(labels)} ".encode()
 
     value = staticmethod(_value_end)
+
+    @staticmethod
+    def labels(prefix: bytes) -> Labels:
+        """The labels of a :meth:`prefix`, unescaped, in their order."""
+        text = prefix.decode()
+        brace = text.find("{")
+        if brace < 0:
+            return ()
+        return tuple((k, _UNESCAPE.sub(_unescape, v)) for k, v in _LABEL.findall(text, brace + 1))
 
     @staticmethod
     def slot(value: float) -> tuple[bytes, object]:

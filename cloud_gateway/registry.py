@@ -212,8 +212,9 @@ class Registry:
         n = self._nodes.get(node)
         if n is None:
             return []
+        labels = self._labels
         return [
-            (s.labels, value)
+            (s.labels or labels(n, s), value)
             for g in n.groups.values()
             for s, value in zip(g.members, g.values, strict=True)
         ]
@@ -284,7 +285,7 @@ class Registry:
         if n is None:
             return []
         return [
-            (s.labels[1:], g.values[s.pos])
+            ((s.labels or self._labels(n, s))[1:], g.values[s.pos])
             for s in n.tracked
             if (g := s.group) is not None and s.fs.family.name == family
         ]
@@ -449,8 +450,20 @@ class Registry:
         if g is None:
             g = n.groups[fs.family.name] = fs.groups[n.name] = Group(fs)
             fs.ordered = None
+        assert s.labels is not None, "a series that is not live keeps its labels"
         g.add(s, value, self.lines.prefix(fs.family.name, s.labels[1:]))
+        s.labels = None  # in the template now: read back from there when asked for
         return g
+
+    def _labels(self, n: NodeRecord, s: SeriesRecord) -> Labels:
+        """A live series' remote write key, read back from its block's template once
+        (then kept: remote write asks for every series on every live batch)."""
+        assert s.group is not None
+        labels = s.labels = (
+            s.fs.name_label,
+            *n.shared(self.lines.labels(s.group.prefix(s.pos))),
+        )
+        return labels
 
     def _remove(self, n: NodeRecord, s: SeriesRecord) -> None:
         fs, g = s.fs, s.group

@@ -104,6 +104,12 @@ class Group:
         self.tmpl, self.kinds = bytes(tmpl), kinds
         return self.tmpl % tuple(args)
 
+    def prefix(self, pos: int) -> bytes:
+        """Member ``pos``'s line prefix, as :meth:`LineFormat.prefix` made it."""
+        tmpl = self._merge()
+        start = self.slots[pos - 1] + 3 if pos else 0
+        return tmpl[start : self.slots[pos]].replace(b"%%", b"%")
+
 
 class SeriesRecord:
     __slots__ = ("conn", "cost", "fs", "group", "identity", "labels", "pos", "sid")
@@ -112,7 +118,9 @@ class SeriesRecord:
         self.identity = b""  # set by the registry: series_policy.identity
         self.cost = 0  # label bytes, against the node's budget
         self.fs = fs
-        self.labels = labels  # (("__name__", name), *stamped labels): the remote write key
+        # (("__name__", name), *stamped labels): the remote write key. None once the
+        # series' line is in its block's template (read back from there when asked for)
+        self.labels: Labels | None = labels
         self.group: Group | None = None  # set while the series has a value
         self.pos = 0  # index in the group
         self.conn = conn

@@ -84,3 +84,27 @@ def test_a_block_nobody_scrapes_keeps_no_prefixes_of_removed_series() -> None:
     assert held < 10 * 240  # the template holds the 10 live lines only
     got = {fam.name: b"".join(blocks) for fam, blocks in reg.family_blocks()}
     assert got == _expected(reg, "n1") and got["fam"].count(b"\n") == 10
+
+
+def test_a_live_series_labels_are_read_back_from_its_block_as_declared() -> None:
+    """A live series keeps no label tuple: remote write's key is read back from the
+    block's template, unescaped, in the declared order (then kept)."""
+    nasty = ("", "a\\b", 'q"q', "l\nl", "%d %s %%", "{x=y,z}", "\\n\\", "ünï")
+    reg = Registry()
+    hello = Hello(agent_version="0.1.0", node="n1", gpus=())
+    conn = reg.connect("n1", remote="r", hello=hello, now=0.0).conn_id
+    series = tuple(
+        SeriesDecl(id=j, name="fam", type="gauge", help="h", labels=(("z", v), ("a", f"{j}")))
+        for j, v in enumerate(nasty)
+    )
+    reg.declare("n1", conn, Declare(series=series))
+    values = tuple((j, float(j)) for j in range(len(nasty)))
+    reg.apply("n1", conn, Batch(seq=1, timestamp=0.0, values=values), now=0.0, size_bytes=0)
+    group = reg._nodes["n1"].groups["fam"]
+    assert all(s.labels is None for s in group.members)  # nothing but the template
+    want = {
+        (("__name__", "fam"), ("z", v), ("a", f"{j}"), ("Hostname", "n1")): float(j)
+        for j, v in enumerate(nasty)
+    }
+    assert dict(reg.samples("n1")) == want
+    assert dict(reg.samples("n1")) == want  # kept after the first read
