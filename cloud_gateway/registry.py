@@ -381,7 +381,8 @@ class Registry:
                 f"family {sd.name} is a {fs.family.type} (first declared by node "
                 f"{fs.first_node!r}); this series declares it a {sd.type}",
             )
-        labels = n.shared(stamp_node(sd.labels, n.name, self.config.node_label))
+        # not shared (NodeRecord.shared): held only until the series' first value
+        labels = stamp_node(sd.labels, n.name, self.config.node_label)
         identity = policy.identity(sd.name, labels)
         s = n.series.get(identity)
         if s is not None:  # a record from an earlier connection (or a duplicate)
