@@ -378,8 +378,12 @@ class Tunnel:
             live = dispatch.next_live()
             if live is not None:
                 seq, snapshot = live
-                for frame in self._snapshots.frames(snapshot, seq=seq):
-                    self._write(writer, frames.encode(frame))
+                # One write (one SSH packet and socket write while it fits) per collection,
+                # DECLAREs and BATCH together.
+                encoded = [
+                    frames.encode(frame) for frame in self._snapshots.frames(snapshot, seq=seq)
+                ]
+                self._write(writer, b"".join(encoded), len(encoded))
                 dispatch.sent_live(seq)
                 self.stats.batches_sent += 1
                 await writer.drain()
@@ -404,9 +408,9 @@ class Tunnel:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
 
-    def _write(self, writer: asyncssh.SSHWriter[bytes], data: bytes) -> None:
+    def _write(self, writer: asyncssh.SSHWriter[bytes], data: bytes, frames: int = 1) -> None:
         writer.write(data)
-        self.stats.frames_sent += 1
+        self.stats.frames_sent += frames
         self.stats.bytes_sent += len(data)
 
     async def _receive(self, reader: asyncssh.SSHReader[bytes], silence: float) -> None:
