@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import math
 import os
 import pickle
@@ -64,6 +65,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -269,20 +271,37 @@ async def start_profiler(path: str, pid: int, seconds: float) -> Any:
 
 
 async def until(
-    fleet: Fleet, gw: GatewayProc, done: Any, timeout: float, what: str
-) -> dict[str, int]:
-    """Poll the workers' status until ``done(status)``; abort with the last status."""
-    last: dict[str, int] = {}
+    fleet: Fleet,
+    gw: GatewayProc,
+    done: Callable[[dict[str, Any]], Awaitable[bool] | bool],
+    timeout: float,
+    what: str,
+    *,
+    nodes: int = 0,
+) -> None:
+    """Poll the workers' status until ``done(status)``; abort with the last status, and
+    at once when a session was re-established (more connects than ``nodes``, once all are
+    connected): the run can no longer be a steady state, and a fleet that reconnects
+    while it sends its first batches may never settle."""
+    last: dict[str, Any] = {}
 
     async def check() -> bool:
         last.update(await fleet.status())
-        return bool(done(last))
+        if nodes and last["connects"] > nodes:
+            raise BenchError(
+                f"NOT A STEADY STATE: {last['connects'] - nodes} session(s) re-established "
+                f"while waiting for {what} ({last['connected']} of {nodes} connected now; "
+                f"failures by reason {last['failures']}; 'silent': the gateway sent nothing "
+                "for the agents' silence timeout, it did not keep up). Fewer nodes, more "
+                "--ramp, a quieter or bigger machine; --logs DIR keeps the logs"
+            )
+        result = done(last)
+        return bool(await result if inspect.isawaitable(result) else result)
 
     try:
         await wait_for(check, timeout, what, poll=0.2, alive=(gw, *fleet.workers))
     except HarnessError as exc:
         raise BenchError(f"{exc} (last: {last})") from None
-    return last
 
 
 async def measure(
@@ -319,19 +338,21 @@ async def measure(
     r0 = await take(gw, client, fleet, "r0")
     await fleet.call("send", first_at=time.monotonic() + 0.2, total=n, ramp=ramp)
 
-    async def every_first_batch() -> bool:  # applied by the gateway
+    async def every_first_batch(status: dict[str, Any]) -> bool:  # applied by the gateway
+        if status["min_sent"] < 1:
+            return False
         nodes = await client.nodes()
         return len(nodes) == n and all(int(x["batches_received"]) >= 1 for x in nodes)
 
-    await wait_for(
-        every_first_batch, (ramp + 2) * args.interval + 60, f"the gateway to apply {n} first "
-        "batches", poll=0.5, alive=(gw, *fleet.workers),
+    await until(
+        fleet, gw, every_first_batch, (ramp + 2) * args.interval + 60,
+        f"the gateway to apply {n} first batches", nodes=n,
     )  # fmt: skip
     r1 = await take(gw, client, fleet, "r1")
     await until(
         fleet, gw, lambda s: s["min_sent"] >= 1 + args.warmup,
         (args.warmup + 2 + ramp) * args.interval + 60,
-        f"every node to send {1 + args.warmup} batches",
+        f"every node to send {1 + args.warmup} batches", nodes=n,
     )  # fmt: skip
 
     # 4. measurement window
@@ -344,7 +365,9 @@ async def measure(
 
     # 5. stop sending, let the acks drain, cross-check the gateway's own counters
     await fleet.call("stop_sending")
-    await until(fleet, gw, lambda s: s["unacked"] == 0, DRAIN_TIMEOUT, "the last acknowledgements")
+    await until(
+        fleet, gw, lambda s: s["unacked"] == 0, DRAIN_TIMEOUT, "the last acknowledgements", nodes=n
+    )
     await asyncio.sleep(1.2)  # one gateway tick: its own counters catch up
     text = await client.metrics()
     api_batches = await client.batches()
@@ -378,6 +401,10 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="abort the run after this")
     parser.add_argument("--logs", default=None, help="keep the gateway's and workers' logs here")
+    parser.add_argument(
+        "--ack-delay", type=float, default=None,
+        help="the agents' [gateway] ack_delay_seconds (default: the agent's; 0: an ACK per batch)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.idle_seconds is None:
         args.idle_seconds = args.seconds

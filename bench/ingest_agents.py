@@ -34,6 +34,7 @@ import random
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,8 @@ def make_nodes(spec: dict[str, Any], timeline: Sequence[Snapshot]) -> list[Node]
             backoff_initial_seconds=0.2,
             backoff_max_seconds=2.0,
         )
+        if spec.get("ack_delay") is not None:  # [gateway] ack_delay_seconds (0: one ACK/batch)
+            cfg = dataclasses.replace(cfg, ack_delay_seconds=float(spec["ack_delay"]))
         hello = Hello(
             agent_version=__version__,
             node=name,
@@ -169,6 +172,7 @@ class Agents:
             "connects": sum(s.connects for s in stats),
             "min_sent": min(s.batches_sent for s in stats),
             "unacked": sum(s.unacked for s in stats),
+            "failures": dict(sum((Counter(s.failures) for s in stats), Counter())),
         }
 
     def send(self, first_at: float, total: int, ramp: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,13 +101,19 @@ class Fleet:
     async def call(self, cmd: str, **args: Any) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(w.call(cmd, **args) for w in self.workers)))
 
-    async def status(self) -> dict[str, int]:
+    async def status(self) -> dict[str, Any]:
+        """Connected nodes, connects, fewest batches sent by a node, batches not acked yet,
+        failed sessions by reason: all workers."""
         replies = await self.call("status")
+        failures: Counter[str] = Counter()
+        for r in replies:
+            failures.update(r["failures"])
         return {
             "connected": sum(r["connected"] for r in replies),
             "connects": sum(r["connects"] for r in replies),
             "min_sent": min(r["min_sent"] for r in replies),
             "unacked": sum(r["unacked"] for r in replies),
+            "failures": dict(failures),
         }
 
     def samples(self) -> list[ProcSample]:
@@ -138,6 +145,7 @@ def write_specs(
             "interval": args.interval,
             "spread": args.spread,
             "connect_timeout": connect_timeout,
+            "ack_delay": getattr(args, "ack_delay", None),  # None: the agent's default
             "timeline": str(timeline),
             "nodes": nodes,
         }
