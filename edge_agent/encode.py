@@ -100,6 +100,8 @@ class SnapshotEncoder:
         if raw == self._last_raw and not self.over_limit:
             # The same series in the same order as last time: the same ids, nothing new,
             # nothing gone; only the values are read.
+            if not self._fresh:  # the steady state: compare as they are read
+                return [self._steady_batch(snapshot)]
             current = {sid: samples[i].value for sid, i in self._order}
             removed: list[int] = []
         else:
@@ -151,6 +153,32 @@ class SnapshotEncoder:
             self._last.pop(sid, None)
         self._last_raw, self._order = raw, order
         return current, removed
+
+    def _steady_batch(self, snapshot: Snapshot) -> Batch:
+        """The batch of a snapshot with last time's series in last time's order: one pass
+        over the values, equal non-zero values skipped without a call (``_same`` decides
+        zeros and NaNs)."""
+        samples = snapshot.samples
+        last = self._last
+        changed = []
+        for sid, i in self._order:
+            value = samples[i].value
+            prev = last.get(sid)
+            if prev == value and value:
+                continue
+            if prev is None or not _same(prev, value):
+                changed.append((sid, value))
+        changed.sort()
+        last.update(changed)
+        batch = Batch(
+            seq=self._seq,
+            timestamp=snapshot.timestamp,
+            values=tuple(changed),
+            removed=(),
+            full=False,
+        )
+        self._seq += 1
+        return batch
 
     def _changed(self, current: dict[int, float]) -> list[tuple[int, float]]:
         last = self._last
