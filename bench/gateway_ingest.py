@@ -169,10 +169,10 @@ async def take(gw: GatewayProc, client: GatewayClient, fleet: Fleet, label: str)
 
 def offline_intervals(args: argparse.Namespace) -> float:
     """``[registry] offline_after_intervals`` of the bench's gateway: long enough that a
-    node stays connected through the connect phase, the idle window and the start of
-    sending (6, the default, closes the early nodes of a large fleet while the rest are
+    node stays connected through the connect phase, the idle window and the ramp to its
+    first batch (6, the default, closes the early nodes of a large fleet while the rest are
     still connecting, and the late-phase nodes before their first batch)."""
-    quiet = CONNECT_TIMEOUT + args.idle_seconds + 2 * args.interval + 30  # ramp: sending
+    quiet = CONNECT_TIMEOUT + args.idle_seconds + args.ramp + 2 * args.interval + 30
     return float(max(6, math.ceil(quiet / args.interval)))
 
 
@@ -284,16 +284,21 @@ async def until(
     connected): the run can no longer be a steady state, and a fleet that reconnects
     while it sends its first batches may never settle."""
     last: dict[str, Any] = {}
+    since = (time.monotonic(), gw.sample().cpu_seconds, machine_jiffies())
 
     async def check() -> bool:
         last.update(await fleet.status())
         if nodes and last["connects"] > nodes:
+            wall = time.monotonic() - since[0]
+            busy, total = (a - b for a, b in zip(machine_jiffies(), since[2], strict=True))
             raise BenchError(
                 f"NOT A STEADY STATE: {last['connects'] - nodes} session(s) re-established "
                 f"while waiting for {what} ({last['connected']} of {nodes} connected now; "
                 f"failures by reason {last['failures']}; 'silent': the gateway sent nothing "
-                "for the agents' silence timeout, it did not keep up). Fewer nodes, more "
-                "--ramp, a quieter or bigger machine; --logs DIR keeps the logs"
+                "for the agents' silence timeout, it did not keep up; over the last "
+                f"{wall:.0f} s the gateway used {(gw.sample().cpu_seconds - since[1]) / wall:.0%}"
+                f" of a core, the machine was {busy / max(total, 1):.0%} busy). Fewer nodes, "
+                "more --ramp, a quieter or bigger machine; --logs DIR keeps the logs"
             )
         result = done(last)
         return bool(await result if inspect.isawaitable(result) else result)

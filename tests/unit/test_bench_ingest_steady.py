@@ -3,11 +3,13 @@ processes and when it calls a run a valid steady state."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Any
 
 import pytest
 
+from bench import gateway_ingest
 from bench.ingest_steady import (
     RunFacts,
     default_procs,
@@ -95,3 +97,19 @@ def test_first_batches_spread_over_the_ramp_keep_the_even_phases() -> None:
     phases = sorted(s % 1 for s in starts)
     assert phases == pytest.approx([i / 1000 for i in range(1000)])
     assert [first_send(i, 4, 1) for i in range(4)] == [0, 0.25, 0.5, 0.75]
+
+
+@pytest.mark.parametrize(("nodes", "interval"), [(100, 1.0), (1000, 1.0), (1000, 10.0)])
+def test_the_benchs_gateway_keeps_idle_nodes_until_their_first_batch(
+    nodes: int, interval: float
+) -> None:
+    """Connected and not sending is silence to the gateway: with the default 6 intervals
+    + 2 s (8 s at 1 s), the nodes whose first batch came last were closed (112-135
+    connects for 100 nodes). The last node's first batch comes at most the connect phase
+    + the idle window + the ramp + one interval after its HELLO."""
+    args = argparse.Namespace(nodes=nodes, interval=interval, idle_seconds=20.0, ramp=None)
+    args.ramp = nodes / gateway_ingest.FIRST_BATCHES_PER_SECOND
+    last_first_batch = gateway_ingest.CONNECT_TIMEOUT + 20.0 + args.ramp + interval
+    assert gateway_ingest.offline_intervals(args) * interval > last_first_batch
+    ramp = gateway_ingest.ramp_intervals(args)
+    assert first_send(nodes - 1, nodes, ramp) * interval <= args.ramp + interval
