@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
-import re
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
+from cloud_gateway.exposition_lines import TEXT_LINES  # noqa: F401 (its users import it here)
 from cloud_gateway.exposition_pieces import Piece, pack, pack_parallel, versions_of
 from gpurelay.bie import node_summary
 from gpurelay.exposition import (
@@ -55,7 +54,7 @@ from gpurelay.exposition import (
     openmetrics_header,
     text_header,
 )
-from gpurelay.model import MIB, Family, GpuInventory, Labels, Sample
+from gpurelay.model import MIB, Family, GpuInventory, Sample
 
 if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
     from cloud_gateway.registry import Registry
@@ -86,71 +85,6 @@ NODE_LATE_AFTER = Family(
 STATES: Final = ("online", "stale", "offline")
 NODE_FAMILIES: Final = (NODE_UP, NODE_STATE, NODE_LAST_SEEN, NODE_LATE_AFTER)
 FamilySamples = tuple[Family, Sequence[Sample]]
-
-
-def _value_end(value: float) -> bytes:
-    """``format_value(value) + "\\n"`` as bytes; integral values (most GPU readings) take a
-    shortcut that formats the same digits in half the time (the gateway's hot loop)."""
-    if value.is_integer() and abs(value) < 1e15:
-        return b"%d\n" % value
-    return format_value(value).encode() + b"\n"
-
-
-_SPECIAL: Final = {math.inf: b"+Inf", -math.inf: b"-Inf"}
-_LABEL: Final = re.compile(r'([^=,{}]+)="((?:[^"\\]|\\.)*)"')
-_UNESCAPE: Final = re.compile(r"\\(.)", re.S)
-
-
-def _unescape(m: re.Match[str]) -> str:
-    c = m.group(1)
-    return "\n" if c == "n" else c
-
-
-class TextLines:
-    """Series lines of the text format (the same bytes in OpenMetrics): the prefix
-    ``NAME{labels} `` made once per series, then the value and a newline. In a block's
-    template a value's slot is ``%d`` for an integral value below 1e15 (the digits of
-    ``str(int(v))``), ``%r`` for another finite one (``repr``), ``%s`` with ``NaN``,
-    ``+Inf`` or ``-Inf``: exactly :func:`gpurelay.exposition.format_value`."""
-
-    def prefix(self, name: str, labels: Labels) -> bytes:
-        return f"{name}{format_labels(labels)} ".encode()
-
-    value = staticmethod(_value_end)
-
-    @staticmethod
-    def labels(prefix: bytes) -> Labels:
-        """The labels of a :meth:`prefix`, unescaped, in their order."""
-        text = prefix.decode()
-        brace = text.find("{")
-        if brace < 0:
-            return ()
-        return tuple((k, _UNESCAPE.sub(_unescape, v)) for k, v in _LABEL.findall(text, brace + 1))
-
-    @staticmethod
-    def slot(value: float) -> tuple[bytes, object]:
-        if math.isnan(value):
-            return b"%s", b"NaN"
-        special = _SPECIAL.get(value)
-        if special is not None:
-            return b"%s", special
-        if value.is_integer() and abs(value) < 1e15:
-            return b"%d", value
-        return b"%r", value
-
-    @staticmethod
-    def kinds(values: Sequence[float]) -> bytes | None:
-        """1 where a value takes ``%d``, 0 where ``%r``; ``None`` when some value is not
-        finite or is integral beyond 1e15 (C loops only: sum, min, max, is_integer)."""
-        if not values:
-            return b""
-        total = sum(values)
-        if total - total != 0.0 or max(values) >= 1e15 or min(values) <= -1e15:
-            return None  # a NaN or infinity (or an overflowing sum), or a huge value
-        return bytes(map(float.is_integer, values))
-
-
-TEXT_LINES: Final = TextLines()
 
 
 def header(family: Family, *, openmetrics: bool) -> bytes:
@@ -207,6 +141,7 @@ class Exposition:
         self._pieces: dict[str, list[Piece]] = {}  # family name -> its pieces
         self._scrapes: deque[float] = deque(maxlen=9)  # monotonic times of recent scrapes
         self.prepared = 0  # ticks that rendered ahead of an expected scrape
+        self._gzip_scrapes = False  # whether the last scrape took gzip
         self._tails: dict[bool, tuple[tuple[int, int], bytes, Deflated | None]] = {}
         self._bodies: dict[tuple[bool, bool], tuple[tuple[int, int, int], bytes]] = {}
         self._headers: dict[tuple[Family, bool], tuple[bytes, Deflated]] = {}
@@ -249,9 +184,15 @@ class Exposition:
         """:meth:`scrape` for the event loop that mutates the registry: only the pieces
         that changed are compressed, in a worker thread, once for all concurrent scrapers;
         reading the registry and listing the chunks stay on the loop (a few ms)."""
-        self.note_scrape(time.monotonic())
+        self.note_scrape(time.monotonic(), gzip=gzip)
         fleet = self._read_fleet()
-        pending = [p for _, pieces in fleet for p in pieces if p.packed is None] if gzip else []
+        if gzip:
+            await self._pack_async(fleet)
+        return self._assemble(fleet, openmetrics, gzip)
+
+    async def _pack_async(self, fleet: list[tuple[Family, list[Piece]]]) -> None:
+        """Compress the pieces no scrape compressed yet, in worker threads, shared."""
+        pending = [p for _, pieces in fleet for p in pieces if p.packed is None]
         while pending:
             if self._packing is None:
                 level = self.gzip_level
@@ -259,7 +200,6 @@ class Exposition:
                 self._packing.add_done_callback(self._packed)
             await asyncio.shield(self._packing)
             pending = [p for p in pending if p.packed is None]
-        return self._assemble(fleet, openmetrics, gzip)
 
     def body(self, *, openmetrics: bool, gzip: bool) -> bytes:
         """The whole body as one ``bytes``, the same object until something changes."""
@@ -287,14 +227,18 @@ class Exposition:
             return self._fleet
         before = self._fleet_generation
         fleet = [(fam, self._update(fam, groups)) for fam, groups in self.registry.family_groups()]
+        self._adopt(fleet)
+        if self._fleet_generation != before:
+            self.bodies_built += 1
+        return fleet
+
+    def _adopt(self, fleet: list[tuple[Family, list[Piece]]]) -> None:
+        """``fleet`` (every family's pieces, just updated) is the registry's current state."""
         if [f.name for f, _ in fleet] != [f.name for f, _ in self._fleet]:
             self._fleet_generation += 1
             live = {f.name for f, _ in fleet}
             self._pieces = {k: v for k, v in self._pieces.items() if k in live}
-        if self._fleet_generation != before:
-            self.bodies_built += 1
         self._fleet, self._fleet_key = fleet, self.registry.generation
-        return fleet
 
     def _update(self, fam: Family, groups: Sequence[Group]) -> list[Piece]:
         """One family's pieces: a piece whose blocks are the same groups at the same
@@ -327,9 +271,11 @@ class Exposition:
         self._pieces[fam.name] = pieces
         return pieces
 
-    def note_scrape(self, now: float) -> None:
-        """A scraper asked for the body at ``now`` (monotonic seconds): learn its period."""
+    def note_scrape(self, now: float, *, gzip: bool = False) -> None:
+        """A scraper asked for the body at ``now`` (monotonic seconds): learn its period,
+        and whether it takes gzip (Prometheus does)."""
         self._scrapes.append(now)
+        self._gzip_scrapes = gzip
 
     def scrape_due(self, now: float, within: float) -> bool:
         """Whether a scrape is expected before ``now + within``: the last scrape plus the
@@ -344,17 +290,23 @@ class Exposition:
     async def prepare(self, now: float, *, within: float = 1.5, slice_s: float = 0.02) -> bool:
         """On the gateway's tick: when a scrape is due before the next tick or so, render
         the changed blocks and re-join their pieces now, family by family, yielding to
-        the loop every ``slice_s`` seconds; the scrape then costs only what changed since.
+        the loop every ``slice_s`` seconds, and compress them in worker threads when the
+        last scrape took gzip; the scrape then costs only what changed since.
         Blocks nobody is about to scrape stay unrendered (lazy between scrapes)."""
         if self._fleet_key == self.registry.generation or not self.scrape_due(now, within):
             return False
         deadline = time.perf_counter() + slice_s
-        before = self._fleet_generation
+        before, generation = self._fleet_generation, self.registry.generation
+        fleet = []
         for fam, groups in self.registry.family_groups():
-            self._update(fam, groups)
+            fleet.append((fam, self._update(fam, groups)))
             if time.perf_counter() > deadline:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + slice_s
+        if generation == self.registry.generation:  # nothing changed meanwhile: current
+            self._adopt(fleet)
+            if self._gzip_scrapes:  # compress ahead too, in worker threads
+                await self._pack_async(fleet)
         self.prepared += 1
         if self._fleet_generation != before:
             self.bodies_built += 1

@@ -79,7 +79,7 @@ class Registry:
         self, config: RegistryConfig | None = None, *, lines: LineFormat | None = None
     ) -> None:
         if lines is None:  # the Prometheus text format, from the stage that owns it
-            from cloud_gateway.exposition import TEXT_LINES
+            from cloud_gateway.exposition_lines import TEXT_LINES
 
             lines = TEXT_LINES
         self.config = config or RegistryConfig()

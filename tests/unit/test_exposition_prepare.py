@@ -76,3 +76,32 @@ def test_a_body_built_before_the_tick_is_not_served_after_it() -> None:
     assert asyncio.run(expo.prepare(29.0))
     new = expo.body(openmetrics=False, gzip=True)
     assert new != old and new == Exposition(reg).body(openmetrics=False, gzip=True)
+
+
+def test_a_family_gone_before_the_tick_leaves_no_pieces_behind() -> None:
+    reg, conns = _fleet()
+    expo = Exposition(reg)
+    for t in (0.0, 15.0):
+        expo.note_scrape(t)
+    expo.scrape(openmetrics=False, gzip=False)
+    for seq, node in enumerate(NODES, start=2):  # every node drops its fam3 series
+        batch = Batch(seq=seq, timestamp=0.0, values=(), removed=(3, 7, 11))
+        reg.apply(node, conns[node], batch, now=float(seq), size_bytes=0)
+    assert asyncio.run(expo.prepare(29.0))
+    assert "fam3" not in expo._pieces
+    body = expo.body(openmetrics=False, gzip=False)
+    assert b"fam3" not in body and body == Exposition(reg).body(openmetrics=False, gzip=False)
+
+
+def test_the_tick_compresses_ahead_only_for_scrapers_that_take_gzip() -> None:
+    for gz in (False, True):
+        reg, conns = _fleet()
+        expo = Exposition(reg)
+        for t in (0.0, 15.0):
+            expo.note_scrape(t, gzip=gz)
+        _send(reg, conns, "n2", 2, 5.0)
+        assert asyncio.run(expo.prepare(29.0))
+        packed = [p.packed is not None for pieces in expo._pieces.values() for p in pieces]
+        assert packed and all(packed) if gz else not any(packed)
+        body = asyncio.run(expo.scrape_async(openmetrics=False, gzip=True)).join()
+        assert body == Exposition(reg).body(openmetrics=False, gzip=True)
