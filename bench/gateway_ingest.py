@@ -433,7 +433,15 @@ def main() -> int:
             valid = asyncio.run(bounded(args, Path(tmp)))
         except (BenchError, HarnessError, httpx.HTTPError) as exc:
             print(f"gateway_ingest: error: {exc}", file=sys.stderr)
+            if not args.logs:
+                print("(the logs above go with the run's temporary directory: --logs DIR)")
             return 1
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            print(
+                "gateway_ingest: stopped by a signal; every process it started was stopped",
+                file=sys.stderr,
+            )
+            return 130
         except TimeoutError:
             print(
                 f"gateway_ingest: aborted: the run took more than {args.timeout:.0f} s "
