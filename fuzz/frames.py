@@ -3,7 +3,7 @@
 Contract: any bytes, in any chunking, raise nothing but :class:`~gpurelay.wire.WireError`;
 the decoder holds at most one partial frame; after an error it refuses more input. And
 the chunking changes nothing: the stream fed whole and fed in pieces gives the same frames
-(or the same error code).
+(or the same error code). An ACK_RANGES frame that was accepted encodes back to itself.
 
 Input: a control byte (see ``common.py``: plain form, small limits, chunking), then the
 stream. Run: ``python fuzz/frames.py CORPUS_DIR [libFuzzer flags]`` (``fuzz/run.py`` does).
@@ -18,7 +18,8 @@ import atheris
 with atheris.instrument_imports():
     from common import PLAIN, SMALL, SMALL_LIMITS, plain_to_wire, split
 
-    from gpurelay.wire import DEFAULT_LIMITS, Frame, FrameDecoder, Limits, WireError
+    from gpurelay.wire import DEFAULT_LIMITS, AckRanges, Frame, FrameDecoder, Limits, WireError
+    from gpurelay.wire.ackranges import encode_ack_ranges, parse_ack_ranges
 
 
 def decode(chunks: tuple[bytes, ...], limits: Limits) -> tuple[list[Frame], str | None]:
@@ -52,6 +53,9 @@ def test_one_input(data: bytes) -> None:
     assert whole_error == pieces_error, (whole_error, pieces_error)
     if whole_error is None:
         assert repr(whole) == repr(pieces), "the chunking changed the frames"
+    for frame in whole:  # ACK_RANGES is canonical: what was accepted encodes back to it
+        if isinstance(frame, AckRanges):
+            assert parse_ack_ranges(encode_ack_ranges(frame)) == frame, frame
 
 
 def main() -> None:

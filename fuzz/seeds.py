@@ -3,9 +3,10 @@
 ``python fuzz/seeds.py OUT_DIR`` writes ``OUT_DIR/<target>/<name>`` (a few dozen files,
 a few hundred kB in all; generated, never committed). The frames are what an agent sends
 for a simulated node (HELLO, DECLARE, BATCH, REPLAY) and what a gateway answers (ACK,
-ERROR, GOODBYE), each stream raw and in the plain form of ``common.py``, under a few
-chunkings; the records are those collections' records; the responses are what exporters
-answer (Content-Length, chunked, close-delimited, interim 1xx, keep-alive pairs).
+ACK_RANGES, HEARTBEAT, ERROR, GOODBYE), each stream raw and in the plain form of
+``common.py``, under a few chunkings; the records are those collections' records; the
+responses are what exporters answer (Content-Length, chunked, close-delimited, interim
+1xx, keep-alive pairs).
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/, as ben
 from edge_agent.encode import SnapshotEncoder
 from gpurelay.model import Snapshot
 from gpurelay.record import MAGIC, RecordEncoder
-from gpurelay.wire import Ack, ErrorFrame, FrameEncoder, Goodbye, Heartbeat, Hello, Replay
+from gpurelay.wire import (
+    Ack,
+    AckRanges,
+    ErrorFrame,
+    FrameEncoder,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Replay,
+)
 from harness.pipeline import simulated_snapshots
 
 CONTROLS = (0x00, 0x05, 0x21)  # one chunk; two chunkings
@@ -35,7 +45,11 @@ def agent_stream(snapshots: list[Snapshot]) -> bytes:
     out = [
         frames.encode(
             Hello(
-                agent_version="0.1.0", node="fuzz-node", backend="simulated", heartbeat_seconds=1.0
+                agent_version="0.1.0",
+                node="fuzz-node",
+                backend="simulated",
+                heartbeat_seconds=3.0,
+                ack_delay_seconds=3.0,
             )
         )
     ]
@@ -54,6 +68,8 @@ def gateway_stream() -> bytes:
             Ack(seq=2**40),
             Heartbeat(received=0),
             Heartbeat(received=2**40),
+            AckRanges(ranges=((1_790_000_000_000, 1_790_000_000_003),)),
+            AckRanges(ranges=((0, 0), (2, 5), (2**40, 2**40 + 7), (2**63 - 1, 2**63 - 1))),
             ErrorFrame(code="unknown_series", message="BATCH seq 3 refers to series 9"),
             Goodbye(reason="shutting down"),
         )
