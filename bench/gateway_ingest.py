@@ -41,11 +41,14 @@ Figures:
     compression (``Tunnel.stats.bytes_sent`` delta / ``batches_sent`` delta per node over
     the window; SSH framing and encryption not included). Median and p95 over nodes.
     Target: <= 512 bytes for an 8-GPU node.
-The agents' CPU per batch (every worker process, same window) and the ratio of the
-gateway's CPU to theirs are printed beside them.
+The agents' CPU per batch (every worker process, same window), the ratio of the
+gateway's CPU to theirs, and the gateway's CPU for a node's first batch (DECLARE + full,
+from the ramp) are printed beside them. Exit status 0: VALID; 2: measured, but not a
+steady state; 1: no measurement (the reason on stderr).
 
 Run: .venv/bin/python bench/gateway_ingest.py [--nodes 100] [--procs N] [--gpus 8]
      [--interval 1] [--seconds 20] [--idle-seconds SECONDS] [--warmup 5] [--spread 30]
+     [--ramp SECONDS]     (spread the first batches; default nodes / 20)
      [--timeout SECONDS]  (abort the whole run after this long; default from the phases)
      [--logs DIR]         (keep the gateway's and the workers' logs there)
      [--profile FILE]     (py-spy record of the gateway over the measurement window,
