@@ -67,12 +67,13 @@ class TextLines:
     @staticmethod
     def kinds(values: Sequence[float]) -> bytes | None:
         """1 where a value takes ``%d``, 0 where ``%r``; ``None`` when some value is not
-        finite or is integral beyond 1e15 (C loops only: sum, min, max, is_integer)."""
+        finite or is integral beyond 1e15 (C loops only: sum, abs, min, max, is_integer)."""
         if not values:
             return b""
-        total = sum(values)
-        if total - total != 0.0 or max(values) >= 1e15 or min(values) <= -1e15:
-            return None  # a NaN or infinity (or an overflowing sum), or a huge value
+        if not sum(map(abs, values)) < 1e15:  # one C loop for the common case
+            total = sum(values)
+            if total - total != 0.0 or max(values) >= 1e15 or min(values) <= -1e15:
+                return None  # a NaN or infinity (or an overflowing sum), or a huge value
         return bytes(map(float.is_integer, values))
 
 

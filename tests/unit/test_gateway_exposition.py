@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import math
 import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
@@ -332,3 +333,45 @@ def test_series_lines_format_values_as_the_shared_renderer(value: float) -> None
     assert TEXT_LINES.value(value) == (format_value(value) + "\n").encode()
     labels = (("gpu", "0"), ("Hostname", 'a"b'))
     assert TEXT_LINES.prefix("m", labels) == f"m{format_labels(labels)} ".encode()
+
+
+VALUE = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(-(2**60), 2**60).map(float)
+    | st.sampled_from([1e15, -1e15, 999999999999999.0, 1e15 - 0.5, -0.0, 0.1])
+)
+
+
+@given(st.lists(st.lists(VALUE, min_size=1, max_size=12), min_size=1, max_size=4))
+@example([[5.0], [1e15]])  # integral both times, but only the first takes %d
+@example([[5.0], [-1e15]])
+@example([[1.5], [math.nan], [math.inf], [2.5]])
+@example([[1.0, 2.0], [6e14, 9e14]])  # a sum beyond 1e15, each value within
+def test_a_block_template_renders_every_value_as_the_shared_renderer(
+    rounds: list[list[float]],
+) -> None:
+    """A block renders as one % of its template, slots remade when a value's kind
+    changes: every round of values (kinds changing between rounds, big sums, NaN, huge
+    integers) must give the lines gpurelay.exposition.format_value gives."""
+    reg = Registry()
+    hello = Hello(agent_version="0.1.0", node="n", gpus=())
+    conn = reg.connect("n", remote="r", hello=hello, now=0.0).conn_id
+    width = max(map(len, rounds))
+    series = tuple(
+        SeriesDecl(id=j, name="m", type="gauge", help="h", labels=(("k", f"{j}%"),))
+        for j in range(width)
+    )
+    reg.declare("n", conn, Declare(series=series))
+    for seq, values in enumerate(rounds, start=1):
+        batch = Batch(seq=seq, timestamp=0.0, values=tuple(enumerate(values)))
+        reg.apply("n", conn, batch, now=0.0, size_bytes=0)
+        got = reg.block("n", "m")
+        assert got is not None
+        want = "".join(
+            f'm{{k="{j}%",Hostname="n"}} {format_value(v)}\n' for j, v in reg_values(reg)
+        )
+        assert got[1] == want.encode()
+
+
+def reg_values(reg: Registry) -> list[tuple[int, float]]:
+    return [(int(dict(labels)["k"][:-1]), v) for labels, v in reg.samples("n")]
