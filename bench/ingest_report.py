@@ -18,6 +18,7 @@ from harness.process import ProcSample
 CPU_TARGET_US = 150.0
 CORE_TARGET = 0.15  # share of one core at 1,000 nodes, 1 s
 BYTES_TARGET = 512
+MACHINE_SHARE = 0.8  # of all cores, for "what fits": room for the tick, logging, the OS
 
 
 class BenchError(Exception):
@@ -197,6 +198,15 @@ def report(
         label("machine")
         + f"{os.cpu_count()} cores, {machine_busy:.0%} busy over the window (every process, "
         "other users' included)"
+    )
+    cores = os.cpu_count() or 1
+    per_batch = cpu / batches + agents_cpu / max(total_batches, 1)  # gateway + one agent
+    print(
+        label("what fits at these costs")
+        + f"~{MACHINE_SHARE * cores * args.interval / per_batch:.0f} nodes at "
+        f"{args.interval:g} s with gateway and agents on these {cores} cores "
+        f"({MACHINE_SHARE:.0%} of them); the gateway alone saturates one core at "
+        f"~{args.interval * batches / cpu:.0f} nodes"
     )
 
     sent = sum(node["batches_sent"] for node in nodes)
