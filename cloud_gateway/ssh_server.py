@@ -49,6 +49,12 @@ from gpurelay.wire import (
 log = logging.getLogger(__name__)
 
 
+# The kernel completes this many TCP handshakes while the loop is busy (a fleet
+# reconnecting at once); beyond it a SYN is dropped, which an agent cannot tell from a dead
+# uplink. asyncssh's default is 100; Linux caps it at net.core.somaxconn (4096 here).
+LISTEN_BACKLOG = 4096
+
+
 def node_log(node: str) -> logging.Logger:
     """A child logger per node, so every line says which node it is about."""
     return log.getChild(f"node.{node}")
@@ -243,6 +249,7 @@ class SshServer:
             login_timeout=self._login_timeout,
             keepalive_interval=self.keepalive_seconds,
             keepalive_count_max=self.keepalive_count_max,
+            backlog=LISTEN_BACKLOG,
         )
         self.port = self._server.get_port()
         return self.port
