@@ -58,7 +58,7 @@ from gpurelay.model import MIB, Family, GpuInventory, Sample
 
 if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
     from cloud_gateway.registry import Registry
-    from cloud_gateway.registry_records import Group
+    from cloud_gateway.registry_records import FamilyState, Group
     from cloud_gateway.registry_types import Liveness
     from cloud_gateway.self_metrics import SelfMetrics
 NODE_UP = Family(
@@ -139,6 +139,7 @@ class Exposition:
         self._fleet: list[tuple[Family, list[Piece]]] = []
         self._fleet_generation = 0  # bumped when a piece changed
         self._pieces: dict[str, list[Piece]] = {}  # family name -> its pieces
+        self._seen: dict[str, tuple[FamilyState, int]] = {}  # ... made at this version
         self._scrapes: deque[float] = deque(maxlen=9)  # monotonic times of recent scrapes
         self.prepared = 0  # ticks that rendered ahead of an expected scrape
         self._gzip_scrapes = False  # whether the last scrape took gzip
@@ -226,7 +227,8 @@ class Exposition:
         if self._fleet_key == self.registry.generation:
             return self._fleet
         before = self._fleet_generation
-        fleet = [(fam, self._update(fam, groups)) for fam, groups in self.registry.family_groups()]
+        states = self.registry.family_states()
+        fleet = [(fs.family, self._update(fs, groups)) for fs, groups in states]
         self._adopt(fleet)
         if self._fleet_generation != before:
             self.bodies_built += 1
@@ -238,12 +240,19 @@ class Exposition:
             self._fleet_generation += 1
             live = {f.name for f, _ in fleet}
             self._pieces = {k: v for k, v in self._pieces.items() if k in live}
+            self._seen = {k: v for k, v in self._seen.items() if k in live}
         self._fleet, self._fleet_key = fleet, self.registry.generation
 
-    def _update(self, fam: Family, groups: Sequence[Group]) -> list[Piece]:
-        """One family's pieces: a piece whose blocks are the same groups at the same
-        versions is kept; another is re-joined from the blocks that stayed (found in any
+    def _update(self, fs: FamilyState, groups: Sequence[Group]) -> list[Piece]:
+        """One family's pieces: all kept when the family's state is the one seen last at
+        the same version; else a piece whose blocks are the same groups at the same
+        versions is kept, another is re-joined from the blocks that stayed (found in any
         old piece of the family) and the changed ones, rendered."""
+        fam = fs.family
+        seen = self._seen.get(fam.name)
+        if seen is not None and seen[0] is fs and seen[1] == fs.version:
+            return self._pieces[fam.name]
+        self._seen[fam.name] = (fs, fs.version)
         before = self._pieces.get(fam.name, [])
         pieces = []
         step = self.piece_blocks
@@ -298,8 +307,8 @@ class Exposition:
         deadline = time.perf_counter() + slice_s
         before, generation = self._fleet_generation, self.registry.generation
         fleet = []
-        for fam, groups in self.registry.family_groups():
-            fleet.append((fam, self._update(fam, groups)))
+        for fs, groups in self.registry.family_states():
+            fleet.append((fs.family, self._update(fs, groups)))
             if time.perf_counter() > deadline:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + slice_s

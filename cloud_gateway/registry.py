@@ -3,17 +3,13 @@
 Pure: no sockets, no clocks (every method that needs the time takes ``now``), no logging.
 The SSH server calls it as frames arrive; the exposition and the HTTP API read it.
 
-Node stamping (:mod:`cloud_gateway.node_labels`, with ``RegistryConfig.node_label``)
-happens once, when a series is declared (validation happened before, in
-the wire decoder: :mod:`gpurelay.wire.rules`; the registry adds only the gateway's own
-policy, reserved name prefixes and family types). Series are held in (family, node) blocks
-(:class:`cloud_gateway.registry_records.Group`): packed float64 values and the block's
-template. A series' line prefix is made once, when its first value arrives, by the
-:class:`LineFormat` the registry is given (the text format lives in
-:mod:`cloud_gateway.exposition`; the registry only stores the bytes), and lives in the
-block's template; a batch only stores values and bumps its blocks' versions (and
-:attr:`Registry.generation`); a block's values are formatted when a scrape renders it
-(one ``%`` of the template, in C), and the exposition keeps the rendered text.
+Node stamping (:mod:`cloud_gateway.node_labels`) happens once, when a series is declared
+(the wire decoder validated it: :mod:`gpurelay.wire.rules`; the registry adds only the
+gateway's policy). Series live in (family, node) blocks
+(:class:`cloud_gateway.registry_records.Group`): packed float64 values and a template of
+the lines (prefixes made by the :class:`LineFormat` the registry is given, from the
+stage that owns the text format). A batch only stores values and bumps versions; a scrape
+renders a changed block (one ``%`` of its template) and the exposition keeps the text.
 
 Series ids belong to a connection; series *records* belong to the node. A reconnecting
 agent re-declares its series and they bind to the existing records (same name and
@@ -212,9 +208,9 @@ class Registry:
         n = self._nodes.get(node)
         if n is None:
             return []
-        labels = self._labels
+        lines = self.lines
         return [
-            (s.labels or labels(n, s), value)
+            (s.labels or s.read_labels(n, lines), value)
             for g in n.groups.values()
             for s, value in zip(g.members, g.values, strict=True)
         ]
@@ -285,15 +281,19 @@ class Registry:
         if n is None:
             return []
         return [
-            ((s.labels or self._labels(n, s))[1:], g.values[s.pos])
+            ((s.labels or s.read_labels(n, self.lines))[1:], g.values[s.pos])
             for s in n.tracked
             if (g := s.group) is not None and s.fs.family.name == family
         ]
 
     def family_groups(self) -> list[tuple[Family, list[Group]]]:
-        """Families sorted by name, each with its (family, node) blocks in node order.
-        A block's :attr:`~Group.version` changes with its text; :meth:`render` makes
-        the text (the caller keeps it: the registry holds only templates and values)."""
+        """:meth:`family_states` with the families only."""
+        return [(fs.family, groups) for fs, groups in self.family_states()]
+
+    def family_states(self) -> list[tuple[FamilyState, list[Group]]]:
+        """Families sorted by name, each with its (family, node) blocks in node order. A
+        block's ``version`` changes with its text, a family's with any of its blocks;
+        :meth:`render` makes a block's text (the caller keeps it)."""
         if self._family_order is None:
             self._family_order = [self._families[k] for k in sorted(self._families)]
         out = []
@@ -301,7 +301,7 @@ class Registry:
             if fs.ordered is None:
                 fs.ordered = [fs.groups[k] for k in sorted(fs.groups)]
             if fs.ordered:
-                out.append((fs.family, fs.ordered))
+                out.append((fs, fs.ordered))
         return out
 
     def render(self, group: Group) -> bytes:
@@ -312,12 +312,6 @@ class Registry:
     def family_blocks(self) -> list[tuple[Family, list[bytes]]]:
         """:meth:`family_groups` with every block rendered (tests, benches)."""
         return [(fam, [self.render(g) for g in groups]) for fam, groups in self.family_groups()]
-
-    def block(self, node: str, family: str) -> tuple[int, bytes] | None:
-        """One (family, node) block's version and text; ``None`` when it has none."""
-        n = self._nodes.get(node)
-        g = n.groups.get(family) if n else None
-        return None if g is None else (g.version, self.render(g))
 
     # --- internals -----------------------------------------------------------------
 
@@ -362,6 +356,7 @@ class Registry:
             changed += 1
         for g in dirty:
             g.version += 1
+            g.fs.version += 1
         return changed, unknown
 
     def _declare_one(self, n: NodeRecord, sd: SeriesDecl) -> policy.Refusal | None:
@@ -456,16 +451,6 @@ class Registry:
         s.labels = None  # in the template now: read back from there when asked for
         return g
 
-    def _labels(self, n: NodeRecord, s: SeriesRecord) -> Labels:
-        """A live series' remote write key, read back from its block's template once
-        (then kept: remote write asks for every series on every live batch)."""
-        assert s.group is not None
-        labels = s.labels = (
-            s.fs.name_label,
-            *n.shared(self.lines.labels(s.group.prefix(s.pos))),
-        )
-        return labels
-
     def _remove(self, n: NodeRecord, s: SeriesRecord) -> None:
         fs, g = s.fs, s.group
         if g is not None:
@@ -486,6 +471,7 @@ class Registry:
         for g in n.groups.values():
             del g.fs.groups[n.name]
             g.fs.ordered = None
+            g.fs.version += 1
         for s in n.series.values():
             self._unref(s.fs)
         n.groups, n.series, n.tracked, n.ids = {}, {}, set(), {}

@@ -18,7 +18,7 @@ from gpurelay.wire import Hello
 
 
 class FamilyState:
-    __slots__ = ("family", "first_node", "groups", "name_label", "ordered", "refs")
+    __slots__ = ("family", "first_node", "groups", "name_label", "ordered", "refs", "version")
 
     def __init__(self, family: Family, first_node: str) -> None:
         self.family = family
@@ -27,6 +27,7 @@ class FamilyState:
         self.groups: dict[str, Group] = {}  # node -> block of that node's lines
         self.ordered: list[Group] | None = None  # groups by node name
         self.refs = 0  # series records of this family, live or not
+        self.version = 0  # bumped with any of its blocks' versions, or its set of blocks
 
 
 class Group:
@@ -62,6 +63,7 @@ class Group:
         self.pending += b"%r\n"
         self.kinds = None
         self.version += 1
+        self.fs.version += 1
 
     def _merge(self) -> bytes:
         if self.pending is not None:
@@ -82,6 +84,7 @@ class Group:
         if self.kinds is not None:
             self.kinds = self.kinds[:pos] + self.kinds[pos + 1 :]
         self.version += 1
+        self.fs.version += 1
 
     def render(self, lines: LineFormat) -> bytes:
         """The block's text: one ``%`` of the template over the values; the slots are
@@ -125,6 +128,14 @@ class SeriesRecord:
         self.pos = 0  # index in the group
         self.conn = conn
         self.sid = sid
+
+    def read_labels(self, n: NodeRecord, lines: LineFormat) -> Labels:
+        """A live series' remote write key, read back from its block's template once
+        (then kept: remote write asks for every series on every live batch)."""
+        assert self.group is not None
+        prefix = self.group.prefix(self.pos)
+        labels = self.labels = (self.fs.name_label, *n.shared(lines.labels(prefix)))
+        return labels
 
     @property
     def value(self) -> float | None:

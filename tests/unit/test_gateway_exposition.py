@@ -365,12 +365,11 @@ def test_a_block_template_renders_every_value_as_the_shared_renderer(
     for seq, values in enumerate(rounds, start=1):
         batch = Batch(seq=seq, timestamp=0.0, values=tuple(enumerate(values)))
         reg.apply("n", conn, batch, now=0.0, size_bytes=0)
-        got = reg.block("n", "m")
-        assert got is not None
+        ((_, [got]),) = reg.family_blocks()
         want = "".join(
             f'm{{k="{j}%",Hostname="n"}} {format_value(v)}\n' for j, v in reg_values(reg)
         )
-        assert got[1] == want.encode()
+        assert got == want.encode()
 
 
 def reg_values(reg: Registry) -> list[tuple[int, float]]:
