@@ -354,3 +354,12 @@ def test_persistently_failing_open_never_raises(db: Path, clock: FakeClock) -> N
     assert (st.healthy, st.batches, st.write_errors) == (False, 0, 3)  # init, put, ack
     assert spool.next_seq() == 2
     spool.close()
+
+
+def test_the_page_cache_is_bounded_small(tmp_path: Path) -> None:
+    """SQLite's default page cache (2 MiB) stayed resident after an outage's replay."""
+    spool = Spool(tmp_path / "spool.db")
+    assert spool._conn is not None
+    (size,) = spool._conn.execute("PRAGMA cache_size").fetchone()
+    spool.close()
+    assert size == -512  # KiB
