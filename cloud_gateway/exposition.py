@@ -287,17 +287,18 @@ class Exposition:
         self._gzip_scrapes = gzip
 
     def scrape_due(self, now: float, within: float) -> bool:
-        """Whether a scrape is expected before ``now + within``: the last scrape plus the
-        median gap between the recent ones (with several scrapers the median gap is
+        """Whether a scrape is expected within ``within`` of ``now``: the last scrape plus
+        the median gap between the recent ones (with several scrapers the median gap is
         shorter than each one's period: prepared more often, never later)."""
         times = self._scrapes
         if len(times) < 2:
             return False
         gaps = sorted(b - a for a, b in zip(times, list(times)[1:], strict=False))
-        return now + within >= times[-1] + gaps[len(gaps) // 2]
+        expected = times[-1] + gaps[len(gaps) // 2]
+        return expected - within <= now <= expected + within  # a scraper gone: lazy again
 
-    async def prepare(self, now: float, *, within: float = 1.5, slice_s: float = 0.02) -> bool:
-        """On the gateway's tick: when a scrape is due before the next tick or so, render
+    async def prepare(self, now: float, *, within: float = 1.1, slice_s: float = 0.02) -> bool:
+        """On the gateway's tick: when a scrape is due before the next (1 s) tick, render
         the changed blocks and re-join their pieces now, family by family, yielding to
         the loop every ``slice_s`` seconds, and compress them in worker threads when the
         last scrape took gzip; the scrape then costs only what changed since.

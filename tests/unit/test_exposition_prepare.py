@@ -105,3 +105,14 @@ def test_the_tick_compresses_ahead_only_for_scrapers_that_take_gzip() -> None:
         assert packed and all(packed) if gz else not any(packed)
         body = asyncio.run(expo.scrape_async(openmetrics=False, gzip=True)).join()
         assert body == Exposition(reg).body(openmetrics=False, gzip=True)
+
+
+def test_a_scraper_that_stopped_coming_leaves_the_blocks_lazy_again() -> None:
+    reg, conns = _fleet()
+    expo = Exposition(reg)
+    for t in (0.0, 15.0, 30.0):
+        expo.note_scrape(t)
+    expo.scrape(openmetrics=False, gzip=False)
+    for seq, now in enumerate((46.5, 50.0, 75.0, 300.0), start=2):  # all after 45 + 1.1
+        _send(reg, conns, "n1", seq, float(seq))
+        assert not asyncio.run(expo.prepare(now))
