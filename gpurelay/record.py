@@ -29,7 +29,9 @@ from __future__ import annotations
 import json
 import re
 import struct
+import sys
 import zlib
+from array import array
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,6 +53,7 @@ _MAX_REMEMBERED: Final = 200_000  # checked series keys kept by one encoder or d
 _HEADERS_KEPT: Final = 8  # series lists a decoder keeps, parsed
 _ZLIB_HEADER: Final = b"\x78\x9c"  # deflate, 32 KiB window, default level: what zlib writes
 _U32: Final = struct.Struct(">I")
+_LITTLE_ENDIAN: Final = sys.byteorder == "little"  # array("d") is native-endian
 # A non-final stored deflate block of _HEAD.size bytes: LEN, NLEN (little endian).
 _STORED_PREFIX: Final = b"\x00" + struct.pack("<HH", _HEAD.size, 0xFFFF ^ _HEAD.size)
 _VALUES_DEFLATE: Final = zlib.compressobj(1, zlib.DEFLATED, -15)  # copied, never fed
@@ -92,17 +95,18 @@ class RecordEncoder:
     def encode(self, snapshot: Snapshot) -> bytes:
         samples = snapshot.samples
         raw = [(sample.name, sample.labels) for sample in samples]
-        if raw != self._last_raw:  # new series, or gone: pick again which ones go in
+        same = raw == self._last_raw  # then the keys are last time's too
+        if not same:  # new series, or gone: pick again which ones go in
             self._last_raw = raw
             self._pick = self._select(raw)
         pick = self._pick
         if pick is None:
             keys = raw
-            values = [float(sample.value) for sample in samples]
+            values = array("d", [sample.value for sample in samples])
         else:
             keys = [raw[i] for i in pick]
-            values = [float(samples[i].value) for i in pick]
-        if keys != self._last_keys:
+            values = array("d", [samples[i].value for i in pick])
+        if not same and keys != self._last_keys:
             meta = [[name, [part for pair in labels for part in pair]] for name, labels in keys]
             self._last_keys = keys
             self._last_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
@@ -110,7 +114,9 @@ class RecordEncoder:
         head = self._last_json
         ts_ms = round(snapshot.timestamp * 1000)
         prefix = _HEAD.pack(ts_ms, len(head))
-        packed = struct.pack(f">{len(values)}d", *values)
+        if _LITTLE_ENDIAN:
+            values.byteswap()
+        packed = values.tobytes()  # big-endian doubles, as struct.pack(">…d") makes
         if self._head_deflated is None:
             # The series list is compressed once per list, not once per record.
             c = zlib.compressobj(self._level, zlib.DEFLATED, -15)
