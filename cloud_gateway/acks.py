@@ -36,7 +36,7 @@ MAX_PENDING_ACKS: Final = 32  # seqs waiting to be acknowledged, at most, per co
 class AckGatherer:
     """One connection's acknowledged seqs that were not written yet."""
 
-    __slots__ = ("_held", "_seqs", "_since", "_urgent", "delay")
+    __slots__ = ("_held", "_seqs", "_since", "_urgent", "delay", "pressing")
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
@@ -44,6 +44,7 @@ class AckGatherer:
         self._since = 0.0  # when the oldest waiting seq was released
         self._urgent = False  # a REPLAY's ACK waits: write it at the next chance
         self._held: set[int] = set()  # replays whose ACK comes later (remote write)
+        self.pressing = False  # due whatever the time: a replay's ACK waits, or too many
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -61,15 +62,13 @@ class AckGatherer:
         if replay or (self._held and seq in self._held):
             self._held.discard(seq)
             self._urgent = True
+        self.pressing = self._urgent or len(self._seqs) >= MAX_PENDING_ACKS
 
     def due(self, now: float) -> bool:
         """Whether the waiting ACKs should be written now."""
-        seqs = self._seqs
-        return bool(seqs) and (
-            self._urgent or len(seqs) >= MAX_PENDING_ACKS or now - self._since >= self.delay
-        )
+        return bool(self._seqs) and (self.pressing or now - self._since >= self.delay)
 
     def take(self) -> list[AckRanges]:
         """The frames that acknowledge every waiting seq (none when nothing waits)."""
-        seqs, self._seqs, self._urgent = self._seqs, [], False
+        seqs, self._seqs, self._urgent, self.pressing = self._seqs, [], False, False
         return frames_for(seqs) if seqs else []

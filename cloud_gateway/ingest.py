@@ -147,6 +147,7 @@ class NodeSession:
         self._heartbeat = 0.0  # what the agent asked for in HELLO (0: none)
         self._acks: AckGatherer | None = None  # ACKs gathered, if the agent asked (HELLO)
         self._flush_soon = False  # a write of due ACKs is scheduled on the loop
+        self.ack_due = False  # gathered ACKs to write at the end of this read (flush)
         self._last_received = self._last_sent = ingest.monotonic()
         self._received_seq = 0  # highest BATCH/REPLAY seq received, for HEARTBEAT
         self.log = node_log(node)
@@ -203,6 +204,7 @@ class NodeSession:
         if not (force or acks.due(now)):
             return ()
         frames = acks.take()
+        self.ack_due = False
         self._ingest.stats.ack_frames += len(frames)
         self._last_sent = now
         return frames
@@ -244,6 +246,7 @@ class NodeSession:
             replay = type(frame) is Replay
             for ack in replies:
                 acks.add(ack.seq, self._last_received, replay=replay)  # type: ignore[union-attr]
+            self.ack_due = acks.pressing  # else they wait for the tick
             return ()
         self._ingest.stats.ack_frames += len(replies)
         self._last_sent = self._ingest.monotonic()

@@ -10,10 +10,11 @@ Each authenticated connection may open one session channel with the ``gpurelay``
 subsystem. Bytes are decoded into frames here and handed to a :class:`Session` supplied
 by the application (the ingest stage); its replies are written back, and so are the
 frames it sends later (ACKs after remote write); after the frames of each chunk, the ACKs
-it gathered and that are due (:meth:`Session.flush`). After each chunk the channel awaits
-:meth:`Session.flow`: while a session is over its queue bound the channel stops reading,
-and SSH flow control holds the agent. A frame that breaks the contract gets an ERROR
-frame back and the connection is closed; other nodes are not affected.
+it gathered when they are due at once (:attr:`Session.ack_due`, :meth:`Session.flush`).
+After each chunk the channel awaits :meth:`Session.flow`: while a session is over its
+queue bound the channel stops reading, and SSH flow control holds the agent. A frame that
+breaks the contract gets an ERROR frame back and the connection is closed; other nodes are
+not affected.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Session(Protocol):
 
     def received(self, nbytes: int) -> None:
         """``nbytes`` more bytes arrived on the channel (for per-node accounting)."""
+
+    ack_due: bool  # read after each chunk's frames: flush(force=False) has ACKs to write
 
     def flush(self, *, force: bool) -> Sequence[Frame]:
         """Gathered ACKs to write now: those due, or all (``force``: before the end)."""
@@ -411,8 +414,9 @@ class _TelemetryChannel:
                     for frame in frames:
                         for reply in session.handle(frame):
                             self._send(reply)
-                    for reply in session.flush(force=False):  # one ACK_RANGES per read
-                        self._send(reply)
+                    if session.ack_due:  # a replay's ACK, or many: one ACK_RANGES per read
+                        for reply in session.flush(force=False):
+                            self._send(reply)
                 await session.flow()  # held: stop reading, SSH flow control holds the agent
         except WireError as exc:
             self._server.protocol_errors[exc.code] += 1

@@ -75,8 +75,9 @@ class Channel:
         for frame in frames:
             for reply in self.session.handle(frame):
                 self._later(reply)
-        for reply in self.session.flush(force=False):
-            self._later(reply)
+        if self.session.ack_due:
+            for reply in self.session.flush(force=False):
+                self._later(reply)
 
     def batch(self, seq: int) -> None:
         self.sent_at[seq] = self.clock.t
