@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge_agent.config import MAX_ACK_DELAY_SECONDS, heartbeat_seconds, load, silence_timeout
 from edge_agent.outbox import Dispatch, Outbox
 from edge_agent.spool import Spool
 from gpurelay.wire import Ack, AckRanges, Frame, FrameEncoder
+from gpurelay.wire.frames import MAX_ACK_DELAY_SECONDS as WIRE_MAX_ACK_DELAY
 from gpurelay.wire.frames import MAX_SEQ
 from tests.unit.test_outbox import snap
 from tests.unit.test_tunnel_backoff import tunnel
@@ -86,3 +88,17 @@ async def test_the_tunnel_applies_every_range_frame_of_a_read(tmp_path: Path) ->
     assert spooled(box) == [2, 5, 8]
     assert d.in_flight == {2, 5, 8}
     assert t.stats.acked_seq == 10 and t._acked_this_session
+
+
+def test_the_agent_asks_for_range_acks_and_hears_from_the_gateway_once_per_delay() -> None:
+    """The heartbeat period asked is never shorter than the ACK delay (else HEARTBEATs
+    would replace the ACK frames saved), and the silence timeout follows it."""
+    default = load(None, {}).gateway
+    assert default.ack_delay_seconds == 3.0
+    assert heartbeat_seconds(1.0, default.ack_delay_seconds) == 3.0
+    assert silence_timeout(default, 1.0) == 14.0  # 3 x 3 s + 5 s
+    assert silence_timeout(default, 10.0) == 20.0  # 3 x 5 s + 5 s, as before
+    old = load(None, {"EDGE_AGENT_GATEWAY_ACK_DELAY_SECONDS": "0"}).gateway
+    assert heartbeat_seconds(1.0, old.ack_delay_seconds) == 1.0
+    assert silence_timeout(old, 1.0) == 8.0  # issue 13's figure, one ACK per batch
+    assert MAX_ACK_DELAY_SECONDS == WIRE_MAX_ACK_DELAY
