@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud_gateway.cluster_config import ClusterSection, check_cluster
 from cloud_gateway.conflicts import POLICIES
 from cloud_gateway.endpoints import parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError
@@ -146,6 +147,8 @@ class GatewayConfig:
     registry: RegistrySection = field(default_factory=RegistrySection)
     # Declared with the client that reads it (cloud_gateway.remote_write); url = "": off.
     remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
+    # Where the node inventory lives; several gateways on one PostgreSQL database.
+    cluster: ClusterSection = field(default_factory=ClusterSection)
 
     def api_tokens(self) -> frozenset[str]:
         """Inline tokens plus those read from token files (errors name the file)."""
@@ -182,6 +185,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         )
     check_ssh(cfg.ssh)
     check_remote_write(cfg.remote_write)
+    check_cluster(cfg.cluster)
     return cfg
 
 
