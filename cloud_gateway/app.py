@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from aiohttp import web
 from cloud_gateway.auth_policy import load_trusted_cas
 from cloud_gateway.config import GatewayConfig, check_remote_write
 from cloud_gateway.conflicts import ConflictPolicy, Policy
+from cloud_gateway.directory import DirectoryError
+from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable, parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
@@ -34,6 +37,7 @@ from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http_api import HttpState, make_app
 from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
 from cloud_gateway.ingest import Ingest
+from cloud_gateway.peers import PeerClient, peer_app
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
@@ -143,6 +147,16 @@ class Gateway:
             basic_auth=BasicAuth(users) if users else None,
         )
         self.ssh: SshServer | None = None
+        self.link = DirectoryLink(
+            cfg.cluster,
+            self.registry,
+            environ=os.environ,
+            let_go=lambda reason, node: self.ssh.let_go(reason, node) if self.ssh else 0,
+            clock=clock,
+        )
+        self.http.directory = self.link
+        self.peer_runner: web.AppRunner | None = None
+        self.peer_port = 0
         self.runner: web.AppRunner | None = None
         self.ssh_port = 0
         self.http_port = 0
@@ -181,6 +195,14 @@ class Gateway:
             keepalive_count_max=cfg.ssh.keepalive_count_max,
             endpoints=self.endpoints,
         )
+        if self.link.cluster is not None:
+            await self._start_peers()
+        try:
+            await self.link.start()
+        except DirectoryError as exc:
+            raise GatewayConfigError(f"cluster: {exc}") from exc
+        if self.link.directory is not None or self.link.cluster is not None:
+            self.ssh.admission = self.link
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")
         self.ssh_port = await self.ssh.start(ssh_host, ssh_port)
         http_host, http_port = split_host_port(cfg.http.listen, "http.listen")
@@ -217,6 +239,20 @@ class Gateway:
         if self.remote_write is not None:
             log.info("remote write to %s", _redacted(self.remote_write.cfg.url))
         notify("READY=1")
+
+    async def _start_peers(self) -> None:
+        """The peer listener, and the proxy's route to the other gateways' listeners."""
+        token = self.cfg.cluster.peer_token()
+        self.proxy.peers = PeerClient(token, self.link.owner)
+        self.peer_runner = web.AppRunner(peer_app(self.proxy, token), access_log=None)
+        await self.peer_runner.setup()
+        host, port = split_host_port(self.cfg.cluster.peer_listen, "cluster.peer_listen")
+        site = web.TCPSite(self.peer_runner, host, port)
+        await site.start()
+        self.peer_port = self.peer_runner.addresses[0][1]
+        if not self.cfg.cluster.advertise:  # peer_listen as bound (port 0: the one chosen)
+            self.link.advertise = f"{host}:{self.peer_port}"
+        log.info("peer listener on %s:%d (gateway %s)", host, self.peer_port, self.link.gateway)
 
     def _refresh(self) -> None:
         assert self.ssh is not None
@@ -263,6 +299,7 @@ class Gateway:
                 await asyncio.wait_for(self.stop.wait(), TICK_SECONDS)
                 break
             self._refresh()
+            await self.link.tick(time.monotonic())
             await self.exposition.prepare(time.monotonic())  # ahead of a scrape due
             notify("WATCHDOG=1")
 
@@ -273,6 +310,11 @@ class Gateway:
             log.info("shutting down: telling %d agent(s) goodbye", self.ssh.channels)
             await self.ssh.stop(self.cfg.drain_seconds)
         await self.ingest.aclose()
+        await self.link.stop()
+        if self.proxy.peers is not None:
+            await self.proxy.peers.close()
+        if self.peer_runner is not None:
+            await self.peer_runner.cleanup()
         if self.remote_write is not None:
             await self.remote_write.close()
         if self.runner is not None:

@@ -169,13 +169,19 @@ class Cluster:
         self._last_refresh = -float("inf")  # re-read the fleet at the next tick
 
     def _lose_if_newer(self, node: str, gateway: str, epoch: int) -> None:
-        mine = self.owned.get(node)
-        if gateway == self.gateway or mine is None or epoch <= mine:
+        """Another gateway claimed ``node``: ``on_lost`` whether this one owns it now or
+        only remembers it (offline here: its series and state must leave this gateway's
+        /metrics too)."""
+        if gateway == self.gateway:
             return
-        del self.owned[node]
-        self._seen.pop(node, None)
-        self.stats.lost_claims += 1
-        log.info("cluster: node %s moved to gateway %s (epoch %d)", node, gateway, epoch)
+        mine = self.owned.get(node)
+        if mine is not None:
+            if epoch <= mine:
+                return
+            del self.owned[node]
+            self._seen.pop(node, None)
+            self.stats.lost_claims += 1
+            log.info("cluster: node %s moved to gateway %s (epoch %d)", node, gateway, epoch)
         self._on_lost(node, gateway)
 
     # -- heartbeat, fencing, fleet view -----------------------------------------------------

@@ -26,8 +26,10 @@ from aiohttp.payload import Payload
 from multidict import CIMultiDict
 from yarl import URL
 
+from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Body, Exposition, bie_document
+from cloud_gateway.fleet_documents import entry_document, gateway_document
 from cloud_gateway.http_listener import ConnectionGuard, Throttled
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
@@ -64,6 +66,7 @@ class HttpState:
     connections: ConnectionGuard | None = None  # the listener's, when it has one
     basic_auth: BasicAuth | None = None  # basic_auth_users of http.web_config_file
     auth_failures: Counter[str] = dataclasses.field(default_factory=Counter)
+    directory: DirectoryLink | None = None  # the fleet beyond this gateway's registry
 
 
 STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
@@ -356,6 +359,16 @@ async def list_nodes(request: web.Request) -> web.Response:
     if domain:
         views = [v for v in views if (v.domain or v.name) == domain]
     nodes = [node_document(v, now, state.endpoints) for v in views]
+    link = state.directory
+    if link is not None:
+        for doc in nodes:
+            doc["gateway"] = link.gateway
+        for entry, owner in link.elsewhere():
+            doc = entry_document(entry, owner, now)
+            if (wanted is None or doc["state"] == wanted) and (
+                not domain or doc["domain"] == domain
+            ):
+                nodes.append(doc)
     return web.json_response({"now": now, "nodes": nodes})
 
 
@@ -364,9 +377,33 @@ async def get_node(request: web.Request) -> web.Response:
     name = request.match_info["node"]
     now = state.clock()
     view = state.registry.node(name, now=now)
+    link = state.directory
     if view is None:
+        for entry, owner in link.elsewhere() if link is not None else ():
+            if entry.node == name:
+                doc = entry_document(entry, owner, now)
+                doc["gpus"] = [dataclasses.asdict(g) for g in entry.facts.gpus]
+                return web.json_response(doc)
         return _error(404, f"unknown node {name!r}")
-    return web.json_response(node_detail(view, now, state.endpoints))
+    doc = node_detail(view, now, state.endpoints)
+    if link is not None:
+        doc["gateway"] = link.gateway
+    return web.json_response(doc)
+
+
+async def list_gateways(request: web.Request) -> web.Response:
+    """The cluster's gateways (one gateway: itself alone)."""
+    state = request.app[STATE]
+    link = state.directory
+    members = link.members() if link is not None else []
+    if link is None or not members:
+        me = link.gateway if link is not None else ""
+        nodes = sum(1 for v in state.registry.nodes(state.clock()) if v.state != "offline")
+        gateways = [{"id": me, "advertise": "", "alive": True, "this": True,
+                     "heartbeat_age_seconds": 0.0, "up_seconds": None, "nodes": nodes}]  # fmt: skip
+    else:
+        gateways = [gateway_document(m, link.cfg.ttl_seconds, link.gateway) for m in members]
+    return web.json_response({"gateways": gateways})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -390,6 +427,7 @@ ENDPOINTS = (
     "/v1/collect",
     "/api/v1/nodes",
     "/api/v1/nodes/{node}",
+    "/api/v1/gateways",
     "/healthz",
     "/health",
     "/readyz",
@@ -408,6 +446,7 @@ def make_app(state: HttpState) -> web.Application:
     app.router.add_get("/v1/collect", bie_collect)
     app.router.add_get("/api/v1/nodes", list_nodes)
     app.router.add_get("/api/v1/nodes/{node}", get_node)
+    app.router.add_get("/api/v1/gateways", list_gateways)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/health", healthz)  # dcgm-exporter's name for the same probe
     app.router.add_get("/readyz", readyz)

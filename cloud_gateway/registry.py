@@ -121,6 +121,14 @@ class Registry:
         n.conflicts += 1
         n.errors.append(NodeError(now, message))
 
+    def forget(self, node: str) -> None:
+        """The node is another gateway's now: its series and its own families go at once."""
+        n = self._nodes.pop(node, None)
+        if n is not None:
+            self._drop_all(n)
+            self._names.remove(node)
+            self.generation += 1
+
     def live_connection(self, node: str) -> tuple[int, str] | None:
         """The node's live connection (id, peer address); ``None`` when it has none."""
         n = self._nodes.get(node)

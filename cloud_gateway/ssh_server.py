@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
+from cloud_gateway.admission import Admission, AdmissionRefused
 from cloud_gateway.auth_policy import check_user_certificate, describe
 from cloud_gateway.endpoints import EndpointTable, PublishedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
@@ -44,6 +45,7 @@ from gpurelay.wire import (
     FrameDecoder,
     FrameEncoder,
     Goodbye,
+    Hello,
     Limits,
     WireError,
 )
@@ -240,6 +242,8 @@ class SshServer:
         # One read with DECLAREs at a time per turn of the event loop (see _handle).
         self.declare_gate = asyncio.Semaphore(1)
         self.declare_waits = 0  # reads that waited for it
+        self.admission: Admission | None = None  # the node directory, when there is one
+        self.refused: Counter[str] = Counter()  # nodes not admitted, by code
 
     async def start(self, host: str, port: int) -> int:
         keys: list[Any] = [(k, c) if c is not None else k for k, c in self._host_keys]
@@ -314,6 +318,15 @@ class SshServer:
     def channels(self) -> int:
         return len(self._channels)
 
+    def let_go(self, reason: str, node: str | None = None) -> int:
+        """GOODBYE to every agent (or ``node``'s) and close: they reconnect, through the
+        balancer, to a gateway that may own them. The number let go."""
+        let_go = [c for c in self._channels if node is None or c.node == node]
+        for channel in let_go:
+            channel.goodbye(reason)
+            channel.close(reason)
+        return len(let_go)
+
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting, tell every agent GOODBYE, give them ``drain_seconds``, close."""
         if self._server is not None:
@@ -344,6 +357,7 @@ class _TelemetryChannel:
         self.auth = owner if isinstance(owner, _ConnectionAuth) else None
         self._closing = ""
         self._session: Session | None = None  # until closed() was called on it
+        self._epoch: int | None = None  # the admission's claim, once admitted
         self._partial_since: float | None = None  # when the frame now partial began
 
     def _send(self, frame: Frame) -> None:
@@ -373,6 +387,9 @@ class _TelemetryChannel:
         session, self._session = self._session, None
         if session is not None:
             session.closed(self._closing or reason)
+        epoch, self._epoch = self._epoch, None
+        if epoch is not None and self._server.admission is not None:
+            self._server.admission.departed(self.node, epoch, self._closing or reason)
 
     async def _watch(self) -> None:
         """End the session as soon as the channel closes, even while reading is held
@@ -406,6 +423,8 @@ class _TelemetryChannel:
         and then the timers; HELLO (which asks for heartbeats) never waits."""
         first = next((k for k, f in enumerate(frames) if isinstance(f, Declare)), len(frames))
         for frame in frames[:first]:
+            if isinstance(frame, Hello) and self._server.admission is not None:
+                await self._admit(self._server.admission, frame)
             for reply in session.handle(frame):
                 self._send(reply)
         if first == len(frames):
@@ -420,6 +439,14 @@ class _TelemetryChannel:
                 for reply in session.handle(frame):
                     self._send(reply)
             await asyncio.sleep(0)  # the next waiter runs in the next turn, after timers
+
+    async def _admit(self, admission: Admission, hello: Hello) -> None:
+        cert = self.auth.certificate if self.auth is not None else None
+        epoch = await admission.admit(self.node, hello, self.remote, cert)
+        if self._session is None:  # closed while the directory answered
+            admission.departed(self.node, epoch, self._closing or "agent disconnected")
+        else:
+            self._epoch = epoch
 
     async def run(self) -> None:
         session = self._server._sessions.open_session(
@@ -452,6 +479,13 @@ class _TelemetryChannel:
             self._flush()  # what was taken before the bad frame stays taken
             self._send(ErrorFrame(code=exc.code, message=str(exc)))
             reason = f"protocol error: {exc.code}"
+            await asyncio.sleep(0.05)  # let the ERROR frame leave before closing
+            self.close(reason)
+        except AdmissionRefused as exc:
+            self._server.refused["unavailable"] += 1
+            self.log.warning("not admitted from %s: %s", self.remote, exc)
+            self._send(ErrorFrame(code="unavailable", message=str(exc)))
+            reason = "not admitted"
             await asyncio.sleep(0.05)  # let the ERROR frame leave before closing
             self.close(reason)
         except (asyncssh.Error, ConnectionError) as exc:

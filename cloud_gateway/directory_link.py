@@ -1,0 +1,235 @@
+"""The gateway's link to its node directory (``[cluster]``): what it records as nodes
+come and go, and what it learns from the other gateways.
+
+Three setups, one interface (:class:`cloud_gateway.admission.Admission` for the SSH
+server, plus the fleet view for the API and the proxy):
+
+- **in memory** (no file, no database): nothing recorded; every method is a no-op and
+  the gateway behaves as it always did;
+- **one gateway with an SQLite inventory**: each admitted node's facts are recorded
+  (failures are logged and counted, never refused: the inventory must not cost data),
+  last-seen times are written every ``SEEN_SECONDS``, and after a restart the API lists
+  the nodes it knew as offline until they reconnect;
+- **several gateways on PostgreSQL**: a node is admitted only once this gateway has
+  claimed it (:mod:`cloud_gateway.cluster`); a node claimed by another gateway is let go
+  here at once (GOODBYE, its series dropped, so no two gateways' /metrics hold it); a
+  gateway that loses the database fences itself; scrapes of nodes owned elsewhere take one
+  hop to the owner (:mod:`cloud_gateway.peers`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from asyncssh.public_key import SSHOpenSSHCertificate
+
+from cloud_gateway.admission import AdmissionRefused
+from cloud_gateway.auth_policy import certificate_info
+from cloud_gateway.cluster import ClaimRefused, Cluster
+from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.directory import Directory, DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.registry import Registry
+from gpurelay.wire import Hello
+
+if TYPE_CHECKING:
+    from cloud_gateway.directory_pg import Member
+
+log = logging.getLogger("cloud_gateway.directory")
+
+SEEN_SECONDS = 10.0  # the single gateway's last-seen writes
+
+
+class DirectoryLink:
+    def __init__(
+        self,
+        cfg: ClusterSection,
+        registry: Registry,
+        *,
+        environ: Mapping[str, str],
+        let_go: Callable[[str, str | None], int],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``let_go(reason, node)``: GOODBYE to ``node``'s agent (every agent: None)."""
+        self.cfg = cfg
+        self.registry = registry
+        self.gateway = cfg.resolved_gateway_id()
+        self._let_go = let_go
+        self._clock = clock
+        self.errors: Counter[str] = Counter()  # the single gateway's inventory errors
+        self.inventory: dict[str, NodeEntry] = {}  # what the directory held at start
+        self.directory: Directory | None = None
+        self.cluster: Cluster | None = None
+        self._next_beat = 0.0
+        self._pending: set[asyncio.Task[None]] = set()
+        if cfg.clustered:
+            from cloud_gateway.directory_pg import PostgresDirectory
+
+            self.cluster = Cluster(
+                PostgresDirectory(cfg.database, gateway=self.gateway),
+                advertise=cfg.advertise or cfg.peer_listen,
+                heartbeat_seconds=cfg.heartbeat_seconds,
+                ttl_seconds=cfg.ttl_seconds,
+                on_lost=self._lost,
+                on_fenced=self._fenced,
+            )
+        else:
+            path = cfg.sqlite_path(environ)
+            if path is not None:
+                from cloud_gateway.directory_sqlite import SqliteDirectory
+
+                self.directory = SqliteDirectory(path, gateway=self.gateway)
+
+    @property
+    def advertise(self) -> str:
+        return self.cluster.advertise if self.cluster is not None else ""
+
+    @advertise.setter
+    def advertise(self, value: str) -> None:
+        if self.cluster is not None:
+            self.cluster.advertise = value
+
+    @property
+    def where(self) -> str:
+        if self.cluster is not None:
+            return f"PostgreSQL, gateway {self.gateway}"
+        path = getattr(self.directory, "path", None)
+        return f"SQLite file {path}" if path is not None else "memory only"
+
+    async def start(self) -> None:
+        """Open the directory; DirectoryError stops the gateway at start (a cluster
+        member without its cluster, or an inventory file it cannot use)."""
+        if self.cluster is not None:
+            await self.cluster.start()
+            self.inventory = dict(self.cluster.entries)
+        elif self.directory is not None:
+            entries = await self.directory.open()
+            self.inventory = {e.node: e for e in entries}
+        log.info("node directory: %s, %d node(s) known", self.where, len(self.inventory))
+
+    async def stop(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self.cluster is not None:
+            await self.cluster.stop()
+        elif self.directory is not None:
+            await self.directory.close()
+
+    # -- Admission (the SSH server) ---------------------------------------------------------
+
+    async def admit(
+        self, node: str, hello: Hello, remote: str, cert: SSHOpenSSHCertificate | None
+    ) -> int:
+        serial = None
+        if cert is not None:
+            try:
+                serial = certificate_info(cert).serial
+            except ValueError:
+                serial = None
+        facts = NodeFacts.from_hello(hello, cert_serial=serial, remote=remote)
+        if self.cluster is not None:
+            try:
+                return await self.cluster.claim(node, facts)
+            except ClaimRefused as exc:
+                raise AdmissionRefused(str(exc)) from exc
+        if self.directory is None:
+            return 0
+        try:
+            claim = await self.directory.claim(node, facts, now=self._clock())
+        except DirectoryError as exc:
+            self.errors["claim"] += 1
+            log.warning("node %s admitted, but not recorded in the inventory: %s", node, exc)
+            return 0
+        return claim.epoch
+
+    def departed(self, node: str, epoch: int, reason: str) -> None:
+        if self.cluster is not None:
+            self.cluster.release(node, epoch, reason)
+        elif self.directory is not None and epoch:
+            self._background(self._release(self.directory, node, epoch, reason))
+
+    async def _release(self, directory: Directory, node: str, epoch: int, reason: str) -> None:
+        try:
+            await directory.release(node, epoch, reason=reason, now=self._clock())
+        except DirectoryError as exc:
+            self.errors["release"] += 1
+            log.warning("could not record in the inventory that node %s left: %s", node, exc)
+
+    # -- the tick ---------------------------------------------------------------------------
+
+    async def tick(self, monotonic: float) -> None:
+        """On the gateway's tick: last-seen times, and the cluster's heartbeat, when due."""
+        if monotonic < self._next_beat:
+            return
+        period = self.cfg.heartbeat_seconds if self.cluster is not None else SEEN_SECONDS
+        self._next_beat = monotonic + period
+        seen = {
+            v.name: v.last_seen
+            for v in self.registry.nodes(self._clock())
+            if v.state != "offline" and v.last_seen is not None
+        }
+        if self.cluster is not None:
+            for node, when in seen.items():
+                self.cluster.seen(node, when)
+            await self.cluster.tick()
+        elif self.directory is not None:
+            try:
+                await self.directory.seen(seen)
+            except DirectoryError as exc:
+                self.errors["seen"] += 1
+                log.warning("could not write last-seen times to the inventory: %s", exc)
+
+    # -- what the other gateways did --------------------------------------------------------
+
+    def _lost(self, node: str, owner: str) -> None:
+        """Another gateway claimed ``node``: let its connection here go (if any), and its
+        series and state leave this gateway's /metrics at once."""
+        if self.registry.node(node, now=self._clock()) is None:
+            return  # never here: nothing to do (claims of the whole fleet pass by)
+        self._let_go(f"node {node} is now on gateway {owner}", node)
+        self.registry.forget(node)
+
+    def _fenced(self, reason: str) -> None:
+        count = self._let_go(reason, None)
+        for view in self.registry.nodes(self._clock()):
+            self.registry.forget(view.name)
+        log.error("fenced: let %d agent(s) go", count)
+
+    # -- the fleet view ---------------------------------------------------------------------
+
+    def owner(self, node: str) -> tuple[str, str] | None:
+        """(gateway id, peer address) of the live gateway that owns ``node``, when it is
+        not this one (the proxy's peer route)."""
+        if self.cluster is None or node in self.cluster.owned:
+            return None
+        member = self.cluster.owner_of(node)
+        if member is None or member.id == self.gateway:
+            return None
+        return member.id, member.advertise
+
+    def elsewhere(self) -> list[tuple[NodeEntry, Member | None]]:
+        """Nodes of the fleet not in this gateway's registry, with their owner when it is
+        alive (the cluster), or the inventory's offline nodes (one gateway)."""
+        local = {v.name for v in self.registry.nodes(self._clock())}
+        if self.cluster is None:
+            return [(e, None) for n, e in sorted(self.inventory.items()) if n not in local]
+        members = {m.id: m for m in self.cluster.members}
+        out: list[tuple[NodeEntry, Member | None]] = []
+        for name, entry in sorted(self.cluster.entries.items()):
+            if name in local:
+                continue
+            member = members.get(entry.gateway)
+            alive = member is not None and member.alive(self.cfg.ttl_seconds)
+            out.append((entry, member if alive else None))
+        return out
+
+    def members(self) -> list[Member]:
+        return list(self.cluster.members) if self.cluster is not None else []
+
+    def _background(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)

@@ -1,0 +1,59 @@
+"""The API's view of nodes this gateway does not hold: owned by another gateway of the
+cluster, or known from the inventory of an earlier run (offline until they reconnect);
+and of the gateways themselves (``/api/v1/gateways``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cloud_gateway.directory import NodeEntry
+
+if TYPE_CHECKING:
+    from cloud_gateway.directory_pg import Member
+
+
+def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> dict[str, Any]:
+    """The same keys as a held node's document (cloud_gateway.http_api.node_document);
+    what only the owner knows (series, counters) is null. ``state``: online when its
+    owner is a live gateway that holds its connection, else offline."""
+    facts = entry.facts
+    online = owner is not None and entry.connected
+    return {
+        "published": [],
+        "name": entry.node,
+        "state": "online" if online else "offline",
+        "gateway": entry.gateway,
+        "gateway_alive": owner is not None,
+        "domain": facts.domain or entry.node,
+        "gpu_count": len(facts.gpus),
+        "gpu_models": sorted({g.name for g in facts.gpus}),
+        "agent_version": facts.agent_version,
+        "backend": facts.backend,
+        "remote": facts.remote,
+        "connected_since": None,
+        "last_seen": entry.last_seen,
+        "last_seen_seconds_ago": round(now - entry.last_seen, 3),
+        "last_batch_time": None,
+        "interval_seconds": facts.interval_seconds,
+        "series": None,
+        "batches_received": None,
+        "bytes_received": None,
+        "duplicate_batches": None,
+        "replayed_batches": None,
+        "connection_conflicts": None,
+        "first_seen": entry.first_seen,
+        "certificate_serial": facts.cert_serial,
+        "last_disconnect_reason": entry.last_disconnect_reason,
+    }
+
+
+def gateway_document(member: Member, ttl: float, me: str) -> dict[str, Any]:
+    return {
+        "id": member.id,
+        "advertise": member.advertise,
+        "alive": member.alive(ttl),
+        "this": member.id == me,
+        "heartbeat_age_seconds": round(member.heartbeat_age, 3),
+        "up_seconds": round(member.up_seconds, 3),
+        "nodes": member.nodes,
+    }

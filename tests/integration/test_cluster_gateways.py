@@ -1,0 +1,136 @@
+"""Two gateways on one PostgreSQL directory, with a real agent: every gateway answers for
+the whole fleet, a scrape of a node owned elsewhere takes one hop to its owner, and a node
+that moves is let go at once by its old gateway (its series leave that /metrics)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cloud_gateway.app import Gateway
+from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.config import GatewayConfig
+from harness.fleet import (
+    TOKEN,
+    Pki,
+    agent_config,
+    gateway_config,
+    make_pki,
+    running_agent,
+    running_gateway,
+)
+from harness.waiting import wait_for
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+_dbs = itertools.count()
+
+
+@pytest.fixture
+async def database(postgres_dsn: str) -> AsyncIterator[str]:
+    import asyncpg
+
+    name = f"gateways_{next(_dbs)}"
+    admin = await asyncpg.connect(postgres_dsn)
+    await admin.execute(f"CREATE DATABASE {name}")
+    await admin.close()
+    yield postgres_dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+def member(pki: Pki, dsn: str, gateway_id: str, token_file: Path) -> GatewayConfig:
+    cfg = gateway_config(pki)
+    return dataclasses.replace(
+        cfg,
+        cluster=ClusterSection(
+            database=dsn,
+            gateway_id=gateway_id,
+            peer_listen="127.0.0.1:0",
+            peer_token_file=str(token_file),
+            heartbeat_seconds=0.5,
+            ttl_seconds=3.0,
+        ),
+    )
+
+
+async def nodes(client: httpx.AsyncClient, gw: Gateway) -> dict[str, dict[str, object]]:
+    r = await client.get(f"http://127.0.0.1:{gw.http_port}/api/v1/nodes", headers=AUTH)
+    r.raise_for_status()
+    return {n["name"]: n for n in r.json()["nodes"]}
+
+
+async def test_two_gateways_answer_for_the_fleet_and_a_moved_node_is_let_go(
+    tmp_path: Path, database: str
+) -> None:
+    pki = make_pki(tmp_path)
+    token = tmp_path / "peer.token"
+    token.write_text("peer-token-0123456789abcdef\n")
+    async with (
+        running_gateway(member(pki, database, "gw-a", token)) as a,
+        running_gateway(member(pki, database, "gw-b", token)) as b,
+        httpx.AsyncClient(timeout=20) as client,
+    ):
+        async with running_agent(agent_config(pki, "edge-1", a)) as agent:
+            await wait_for(lambda: a.ingest.stats.batches >= 1)
+            assert a.link.cluster is not None and a.link.cluster.owned.keys() == {"edge-1"}
+
+            async def b_sees_it_on_a() -> bool:
+                entry = (await nodes(client, b)).get("edge-1")
+                return entry is not None and entry["gateway"] == "gw-a"
+
+            await wait_for(b_sees_it_on_a, timeout=10)
+            on_b = (await nodes(client, b))["edge-1"]
+            on_a = (await nodes(client, a))["edge-1"]
+            assert on_b["state"] == on_a["state"] == "online"
+            assert on_b["gateway"] == on_a["gateway"] == "gw-a"
+            assert on_b["gpu_count"] == on_a["gpu_count"] == 1
+            # the gateways, from either
+            r = await client.get(f"http://127.0.0.1:{b.http_port}/api/v1/gateways", headers=AUTH)
+            gws = {g["id"]: g for g in r.json()["gateways"]}
+            assert set(gws) == {"gw-a", "gw-b"} and gws["gw-a"]["alive"] and gws["gw-b"]["this"]
+            # a scrape through b takes one hop to a
+            r = await client.get(
+                f"http://127.0.0.1:{b.http_port}/proxy/edge-1/{agent.port}/metrics", headers=AUTH
+            )
+            assert r.status_code == 200 and "DCGM_FI_DEV_GPU_UTIL" in r.text
+            # /metrics: the node's series only where it is owned
+            body_a = (await client.get(f"http://127.0.0.1:{a.http_port}/metrics")).text
+            body_b = (await client.get(f"http://127.0.0.1:{b.http_port}/metrics")).text
+            assert 'Hostname="edge-1"' in body_a and 'Hostname="edge-1"' not in body_b
+
+        # the node comes back through b (a balancer sent it there): a lets it go at once
+        async with running_agent(agent_config(pki, "edge-1", b)):
+            await wait_for(lambda: b.ingest.stats.batches >= 1)
+            await wait_for(lambda: "edge-1" not in (a.link.cluster.owned if a.link.cluster else {}))
+            await wait_for(lambda: a.registry.node("edge-1", now=a.clock()) is None, timeout=10)
+            body_a = (await client.get(f"http://127.0.0.1:{a.http_port}/metrics")).text
+            assert 'Hostname="edge-1"' not in body_a
+            # it had left a before it came back through b: forgotten, not "lost" from a
+            assert a.link.cluster is not None and a.link.cluster.stats.lost_claims == 0
+
+            async def a_sees_it_on_b() -> bool:
+                entry = (await nodes(client, a)).get("edge-1")
+                return entry is not None and entry["gateway"] == "gw-b"
+
+            await wait_for(a_sees_it_on_b, timeout=10)
+
+
+async def test_the_single_gateways_inventory_survives_a_restart(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    cfg = dataclasses.replace(
+        gateway_config(pki), cluster=ClusterSection(directory=str(tmp_path / "nodes.db"))
+    )
+    async with running_gateway(cfg) as gw, running_agent(agent_config(pki, "edge-1", gw)):
+        await wait_for(lambda: gw.ingest.stats.batches >= 1)
+    async with running_gateway(cfg) as gw, httpx.AsyncClient(timeout=20) as client:
+        known = await nodes(client, gw)
+        entry = known["edge-1"]
+        assert entry["state"] == "offline"
+        assert entry["gpu_count"] == 1 and entry["backend"] == "simulated"
+        assert entry["certificate_serial"] is not None
+        assert entry["last_disconnect_reason"]
+        r = await client.get(f"http://127.0.0.1:{gw.http_port}/api/v1/nodes/edge-1", headers=AUTH)
+        assert r.status_code == 200 and len(r.json()["gpus"]) == 1
