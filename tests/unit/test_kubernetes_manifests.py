@@ -15,8 +15,10 @@ a key or an EDGE_AGENT_* variable fails here rather than on a node.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
+import tomllib
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -27,8 +29,10 @@ import pytest
 import yaml
 
 from cloud_gateway import config as gateway_config
+from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.revocation import RevocationList
 from edge_agent import config as agent_config
+from gpurelay.settings import split_host_port
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -41,9 +45,21 @@ K8S_VERSION = "1.30"
 AGENT_FILE = K8S / "edge-agent-daemonset.yaml"
 BIE_FILE = K8S / "bie-accelerator-metrics.yaml"
 GATEWAY_FILE = K8S / "cloud-gateway.yaml"
+CLUSTER_FILE = K8S / "cloud-gateway-cluster.yaml"  # several gateways on PostgreSQL
+GATEWAY_FILES = [GATEWAY_FILE, CLUSTER_FILE]
 
 # Stand-in for the node the pod lands on: what spec.nodeName resolves to.
 NODE = "gpu-node-7"
+# Stand-ins for what the downward API gives a gateway pod, and for the Secrets an
+# operator creates in place of the placeholders: (Secret, key) -> value.
+POD_IP = "10.244.3.17"
+POD_NAME = "cloud-gateway-6f7d9c5b8-x2k4q"
+POD_FIELDS = {"spec.nodeName": NODE, "status.podIP": POD_IP, "metadata.name": POD_NAME}
+DSN = "postgresql://gpurelay:s3cret@db.example.internal:5432/gpurelay"
+OPERATOR_SECRETS = {
+    ("cloud-gateway-database", "dsn"): DSN,
+    ("cloud-gateway-peer", "peer.token"): "p" * 43 + "\n",
+}
 
 # baetyl-core's nvstats plugin (github.com/baetyl/baetyl, plugin/nvstats/config.go) fetches
 # http://<pod IP>:<collectPort>/v1/collect with collectPort defaulting to 30060.
@@ -207,19 +223,65 @@ def port_number(container: Doc, port: int | str) -> int:
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
-def pod_env(container: Doc, fields: Mapping[str, str]) -> dict[str, str]:
+def pod_env(
+    container: Doc,
+    fields: Mapping[str, str],
+    secrets: Mapping[tuple[str, str], str] | None = None,
+) -> dict[str, str]:
     """The container's environment as the kubelet builds it: downward-API fields from
-    ``fields``, and ``$(VAR)`` in a value replaced by a variable defined *earlier* in the
-    list (a later or unknown one stays as written, as Kubernetes leaves it)."""
+    ``fields``, Secret keys from ``secrets``, and ``$(VAR)`` in a value replaced by a
+    variable defined *earlier* in the list (a later or unknown one stays as written, as
+    Kubernetes leaves it)."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
         if "value" in item:
             value = _VAR_REF.sub(lambda m: env.get(m[1], m[0]), str(item["value"]))
+        elif "secretKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["secretKeyRef"]
+            value = (secrets or {})[(ref["name"], ref["key"])]
         else:
             field_path = item["valueFrom"]["fieldRef"]["fieldPath"]
             value = fields[field_path]
         env[item["name"]] = value
     return env
+
+
+def service_link_env(path: Path, workload: Doc, *, honour_pod_spec: bool = True) -> dict[str, str]:
+    """The variables the kubelet adds for every Service with a cluster IP in the pod's
+    namespace (pkg/kubelet/envvars), unless the pod sets enableServiceLinks: false:
+    cloud-gateway-http becomes CLOUD_GATEWAY_HTTP_SERVICE_HOST, CLOUD_GATEWAY_HTTP_PORT,
+    ... The cluster IP is a stand-in."""
+    if honour_pod_spec and pod_spec(workload).get("enableServiceLinks", True) is False:
+        return {}
+    env: dict[str, str] = {}
+    namespace = workload["metadata"]["namespace"]
+    for doc in documents(path):
+        spec = doc.get("spec", {})
+        if doc.get("kind") != "Service" or doc["metadata"].get("namespace") != namespace:
+            continue
+        if spec.get("clusterIP") == "None":
+            continue  # headless: no variables
+        name = _env_name(doc["metadata"]["name"])
+        ip = "10.96.0.10"
+        for i, port in enumerate(spec["ports"]):
+            number, proto = str(port["port"]), port.get("protocol", "TCP")
+            url = f"{proto.lower()}://{ip}:{number}"
+            if i == 0:
+                env[f"{name}_SERVICE_HOST"] = ip
+                env[f"{name}_SERVICE_PORT"] = number
+                env[f"{name}_PORT"] = url
+            if port.get("name"):
+                env[f"{name}_SERVICE_PORT_{_env_name(port['name'])}"] = number
+            prefix = f"{name}_PORT_{number}_{proto}"
+            env[prefix] = url
+            env[prefix + "_PROTO"] = proto.lower()
+            env[prefix + "_PORT"] = number
+            env[prefix + "_ADDR"] = ip
+    return env
+
+
+def _env_name(name: str) -> str:
+    return name.upper().replace("-", "_")
 
 
 def config_file(path: Path, workload: Doc, mount_path: str, tmp_path: Path) -> Path:
@@ -247,12 +309,51 @@ def load_agent(path: Path, tmp_path: Path) -> tuple[Doc, agent_config.AgentConfi
     return workload, agent_config.load(toml, env), env
 
 
-def load_gateway(tmp_path: Path) -> tuple[Doc, gateway_config.GatewayConfig]:
-    workload = find(GATEWAY_FILE, "Deployment")
+def gateway_env(path: Path, secrets: Mapping[tuple[str, str], str]) -> dict[str, str]:
+    """The gateway container's whole environment: the kubelet's Service variables first,
+    then the container's own env (which wins on a clash)."""
+    workload = find(path, "Deployment")
+    return {
+        **service_link_env(path, workload),
+        **pod_env(only_container(workload), POD_FIELDS, secrets),
+    }
+
+
+def load_gateway(
+    path: Path,
+    tmp_path: Path,
+    secrets: Mapping[tuple[str, str], str] = OPERATOR_SECRETS,
+) -> tuple[Doc, gateway_config.GatewayConfig]:
+    """The Deployment of ``path`` and the gateway configuration its pod would run with,
+    the real Secrets standing in for the placeholders (``secrets``). The loader reads the
+    peer token file ([cluster] peer_token_file, a Secret in the pod): the same content is
+    given at a temporary path, and the configured path put back in the result."""
+    workload = find(path, "Deployment")
     container = only_container(workload)
-    env = pod_env(container, {"spec.nodeName": NODE})
-    toml = config_file(GATEWAY_FILE, workload, command_config_path(container), tmp_path)
-    return workload, gateway_config.load(toml, env)
+    env = gateway_env(path, secrets)
+    toml = config_file(path, workload, command_config_path(container), tmp_path)
+    token_file = tomllib.loads(toml.read_text()).get("cluster", {}).get("peer_token_file")
+    if token_file:
+        mount, rel = mount_for(workload, Path(token_file))
+        secret = volume(workload, mount["name"])["secret"]["secretName"]
+        stand_in = tmp_path / "peer.token"
+        stand_in.write_text(secrets[(secret, str(rel))], encoding="utf-8")
+        env["CLOUD_GATEWAY_CLUSTER_PEER_TOKEN_FILE"] = str(stand_in)
+    cfg = gateway_config.load(toml, env)
+    if token_file:
+        cluster = dataclasses.replace(cfg.cluster, peer_token_file=token_file)
+        cfg = dataclasses.replace(cfg, cluster=cluster)
+    return workload, cfg
+
+
+def placeholder_secrets(path: Path) -> dict[tuple[str, str], str]:
+    """What the placeholder Secrets of ``path`` hold, as the pod would read it."""
+    return {
+        (d["metadata"]["name"], key): value
+        for d in documents(path)
+        if d["kind"] == "Secret"
+        for key, value in d.get("stringData", {}).items()
+    }
 
 
 def secret_keys(path: Path, name: str) -> set[str]:
@@ -315,7 +416,7 @@ def custom_shape_problems(doc: Doc) -> list[str]:
 
 def test_the_manifests_are_there() -> None:
     names = {p.name for p in manifest_files()}
-    assert {AGENT_FILE.name, BIE_FILE.name, GATEWAY_FILE.name} <= names
+    assert {AGENT_FILE.name, BIE_FILE.name, GATEWAY_FILE.name, CLUSTER_FILE.name} <= names
 
 
 @pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
@@ -497,7 +598,7 @@ def test_bie_serves_v1_collect_where_baetyl_core_fetches_it(tmp_path: Path) -> N
     assert cfg.gateway.address == "", "BIE pulls /v1/collect: no push from this DaemonSet"
 
 
-# --- the gateway ------------------------------------------------------------------------------
+# --- the gateway, one or several -------------------------------------------------------------
 
 
 def test_gateway_is_one_replica_never_two(tmp_path: Path) -> None:
@@ -506,11 +607,12 @@ def test_gateway_is_one_replica_never_two(tmp_path: Path) -> None:
     assert workload["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_gateway_services(tmp_path: Path) -> None:
-    workload, cfg = load_gateway(tmp_path)
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_gateway_services(path: Path, tmp_path: Path) -> None:
+    workload, cfg = load_gateway(path, tmp_path)
     container = only_container(workload)
-    ssh = find(GATEWAY_FILE, "Service", "cloud-gateway-ssh")["spec"]
-    http = find(GATEWAY_FILE, "Service", "cloud-gateway-http")["spec"]
+    ssh = find(path, "Service", "cloud-gateway-ssh")["spec"]
+    http = find(path, "Service", "cloud-gateway-http")["spec"]
     assert ssh["type"] == "LoadBalancer"
     assert [(p["port"], p["protocol"]) for p in ssh["ports"]] == [(2222, "TCP")]
     assert http["type"] == "ClusterIP"
@@ -522,18 +624,20 @@ def test_gateway_services(tmp_path: Path) -> None:
         assert port_number(container, port["targetPort"]) == int(listen.rpartition(":")[2])
 
 
-def test_gateway_probes(tmp_path: Path) -> None:
-    workload, cfg = load_gateway(tmp_path)
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_gateway_probes(path: Path, tmp_path: Path) -> None:
+    workload, cfg = load_gateway(path, tmp_path)
     container = only_container(workload)
     http_port = int(cfg.http.listen.rpartition(":")[2])
-    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+    for probe, url_path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = container[probe]["httpGet"]
-        assert get["path"] == path
+        assert get["path"] == url_path
         assert port_number(container, get["port"]) == http_port
 
 
-def test_gateway_config_loads_and_points_at_the_secrets(tmp_path: Path) -> None:
-    workload, cfg = load_gateway(tmp_path)
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_gateway_config_loads_and_points_at_the_secrets(path: Path, tmp_path: Path) -> None:
+    workload, cfg = load_gateway(path, tmp_path)
     assert cfg.ssh.revocation_file is not None
     host_certificate = cfg.ssh.host_key.with_name(cfg.ssh.host_key.name + "-cert.pub")
     expected = {
@@ -543,6 +647,8 @@ def test_gateway_config_loads_and_points_at_the_secrets(tmp_path: Path) -> None:
         cfg.ssh.revocation_file: "cloud-gateway-ca",
         **dict.fromkeys(cfg.http.token_files, "cloud-gateway-tokens"),
     }
+    if cfg.cluster.clustered:
+        expected[Path(cfg.cluster.peer_token_file)] = "cloud-gateway-peer"
     assert Path("/etc/edge-gpu-relay/tokens/operator.token") in cfg.http.token_files
     for file, secret in expected.items():
         mount, rel = mount_for(workload, file)
@@ -550,35 +656,128 @@ def test_gateway_config_loads_and_points_at_the_secrets(tmp_path: Path) -> None:
         # No subPath: the kubelet then updates the files in place (revocations, renewals).
         assert "subPath" not in mount
         assert volume(workload, mount["name"])["secret"]["secretName"] == secret
-        assert str(rel) in secret_keys(GATEWAY_FILE, secret), f"{file} is not in {secret}"
+        assert str(rel) in secret_keys(path, secret), f"{file} is not in {secret}"
 
 
-def test_gateway_placeholders_fail_closed() -> None:
-    for name in ("cloud-gateway-ca", "cloud-gateway-host", "cloud-gateway-tokens"):
-        secret = find(GATEWAY_FILE, "Secret", name)
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_gateway_placeholders_fail_closed(path: Path) -> None:
+    names = [d["metadata"]["name"] for d in documents(path) if d["kind"] == "Secret"]
+    assert {"cloud-gateway-ca", "cloud-gateway-host", "cloud-gateway-tokens"} <= set(names)
+    for name in names:
+        secret = find(path, "Secret", name)
         assert secret["metadata"]["labels"]["edge-gpu-relay/placeholder"] == "true"
-    data = find(GATEWAY_FILE, "Secret", "cloud-gateway-tokens")["stringData"]
+    data = find(path, "Secret", "cloud-gateway-tokens")["stringData"]
     assert data["operator.token"] == "", "a non-empty placeholder token would be accepted"
-    ca = find(GATEWAY_FILE, "Secret", "cloud-gateway-ca")["stringData"]
+    ca = find(path, "Secret", "cloud-gateway-ca")["stringData"]
     assert len(RevocationList.parse(ca["revocations"])) == 0
     assert all(
         not line.strip() or line.lstrip().startswith("#") for line in ca["user_ca.pub"].splitlines()
     ), "the placeholder CA file must hold no key, so that the gateway refuses to start"
 
 
-def test_gateway_namespace_is_restricted() -> None:
-    namespace = find(GATEWAY_FILE, "Namespace")
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_gateway_namespace_is_restricted(path: Path) -> None:
+    namespace = find(path, "Namespace")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert namespace["metadata"]["name"] != find(AGENT_FILE, "Namespace")["metadata"]["name"]
-    for doc in documents(GATEWAY_FILE):
+    for doc in documents(path):
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == namespace["metadata"]["name"]
-    spec = pod_spec(find(GATEWAY_FILE, "Deployment"))
+    spec = pod_spec(find(path, "Deployment"))
     assert spec["securityContext"]["runAsNonRoot"] is True
 
 
-def test_service_monitor_copies_the_node_name_as_unified_yml_does() -> None:
-    monitor = find(GATEWAY_FILE, "ServiceMonitor")["spec"]
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_service_variables_would_stop_the_gateway(path: Path) -> None:
+    """Why the gateway pods set enableServiceLinks: false. The kubelet's variables for the
+    cloud-gateway-* Services start with CLOUD_GATEWAY_, the gateway's override prefix, and
+    the loader refuses them as unknown keys (exit 2, a crash loop). The tests above load
+    the config with the Service variables the pod really gets (none)."""
+    workload = find(path, "Deployment")
+    links = service_link_env(path, workload, honour_pod_spec=False)
+    assert "CLOUD_GATEWAY_HTTP_SERVICE_HOST" in links
+    with pytest.raises(GatewayConfigError, match="unknown environment variable"):
+        gateway_config.load(None, links)
+    assert pod_spec(workload)["enableServiceLinks"] is False
+    assert service_link_env(path, workload) == {}
+
+
+# --- several gateways (cloud-gateway-cluster.yaml) -------------------------------------------
+
+
+def test_cluster_file_replaces_the_single_gateway() -> None:
+    """Same namespace and names as cloud-gateway.yaml: going from one gateway to several
+    is applying the other file (the CLI, Prometheus and dashboards keep their addresses)."""
+    for kind in ("Namespace", "ServiceAccount", "Deployment", "ServiceMonitor"):
+        single = find(GATEWAY_FILE, kind)["metadata"]["name"]
+        assert find(CLUSTER_FILE, kind)["metadata"]["name"] == single
+    for kind, name in (
+        ("Service", "cloud-gateway-ssh"),
+        ("Service", "cloud-gateway-http"),
+        ("ConfigMap", "cloud-gateway-config"),
+    ):
+        find(GATEWAY_FILE, kind, name)
+        find(CLUSTER_FILE, kind, name)
+
+
+def test_cluster_is_several_replicas_rolled_one_at_a_time() -> None:
+    spec = find(CLUSTER_FILE, "Deployment")["spec"]
+    assert spec["replicas"] >= 3
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    rolling = spec["strategy"]["rollingUpdate"]
+    assert rolling["maxUnavailable"] == 0 and rolling["maxSurge"] == 1
+    assert spec["minReadySeconds"] >= 10, "an old pod's agents settle before the next goes"
+    budget = find(CLUSTER_FILE, "PodDisruptionBudget")["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert budget.get("maxUnavailable") == 1 or budget.get("minAvailable") == spec["replicas"] - 1
+
+
+def test_cluster_config_from_the_pods_env(tmp_path: Path) -> None:
+    """The ConfigMap's TOML with the env as the kubelet expands it: a clustered gateway
+    whose id is the pod's name and whose advertised peer address is the pod's IP on the
+    port its peer listener binds (and the container declares)."""
+    workload, cfg = load_gateway(CLUSTER_FILE, tmp_path)
+    container = only_container(workload)
+    cluster = cfg.cluster
+    assert cluster.clustered
+    assert cluster.database == DSN
+    assert cluster.resolved_gateway_id() == POD_NAME
+    peer_port = port_number(container, "peer")
+    assert split_host_port(cluster.advertise, "advertise") == (POD_IP, peer_port)
+    assert split_host_port(cluster.peer_listen, "peer_listen") == ("0.0.0.0", peer_port)
+    assert peer_port not in {port_number(container, name) for name in ("ssh", "http")}
+    assert cluster.ttl_seconds >= 2 * cluster.heartbeat_seconds
+    # The DSN comes from the Secret only: its password is in no file.
+    (item,) = [e for e in container["env"] if e["name"] == "CLOUD_GATEWAY_CLUSTER_DATABASE"]
+    assert item["valueFrom"]["secretKeyRef"] == {"name": "cloud-gateway-database", "key": "dsn"}
+    toml = config_file(CLUSTER_FILE, workload, command_config_path(container), tmp_path)
+    assert "database" not in tomllib.loads(toml.read_text())["cluster"]
+
+
+@pytest.mark.parametrize(
+    ("placeholder", "message"),
+    [
+        ("cloud-gateway-database", "cluster.database must be a PostgreSQL URL"),
+        ("cloud-gateway-peer", "shorter than 16 characters"),
+    ],
+)
+def test_cluster_placeholders_fail_closed(placeholder: str, message: str, tmp_path: Path) -> None:
+    """A placeholder left in place stops every gateway at start with a line naming the key.
+    An empty DSN would instead make each replica a lone gateway (each with part of the
+    fleet), an empty peer token an unprotected peer listener."""
+    secrets = {
+        **OPERATOR_SECRETS,
+        **{k: v for k, v in placeholder_secrets(CLUSTER_FILE).items() if k[0] == placeholder},
+    }
+    assert secrets != OPERATOR_SECRETS
+    with pytest.raises(GatewayConfigError, match=message):
+        load_gateway(CLUSTER_FILE, tmp_path, secrets)
+
+
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_service_monitor_copies_the_node_name_as_unified_yml_does(path: Path) -> None:
+    monitor = find(path, "ServiceMonitor")["spec"]
     job = unified_job()
     (endpoint,) = monitor["endpoints"]
     assert endpoint["port"] == "http"
@@ -593,16 +792,17 @@ def test_service_monitor_copies_the_node_name_as_unified_yml_does() -> None:
     assert ours.get("action", "replace") == theirs.get("action", "replace")
 
 
-def test_service_monitor_selects_the_http_service_only_with_the_same_job_name() -> None:
-    monitor = find(GATEWAY_FILE, "ServiceMonitor")["spec"]
+@pytest.mark.parametrize("path", GATEWAY_FILES, ids=lambda p: p.name)
+def test_service_monitor_selects_the_http_service_only_with_the_same_job_name(path: Path) -> None:
+    monitor = find(path, "ServiceMonitor")["spec"]
     wanted = monitor["selector"]["matchLabels"].items()
     selected = [
         d["metadata"]["name"]
-        for d in documents(GATEWAY_FILE)
+        for d in documents(path)
         if d["kind"] == "Service" and wanted <= d["metadata"]["labels"].items()
     ]
     assert selected == ["cloud-gateway-http"]
-    http = find(GATEWAY_FILE, "Service", "cloud-gateway-http")
+    http = find(path, "Service", "cloud-gateway-http")
     assert monitor["namespaceSelector"]["matchNames"] == [http["metadata"]["namespace"]]
     assert http["metadata"]["labels"][monitor["jobLabel"]] == unified_job()["job_name"]
 
@@ -652,7 +852,9 @@ def test_proxied_snippet_passes_promtool(promtool: Path, tmp_path: Path) -> None
 # --- every workload ---------------------------------------------------------------------------
 
 
-OUR_WORKLOADS = [(p, d) for p, d in workloads() if p in {AGENT_FILE, BIE_FILE, GATEWAY_FILE}]
+OUR_WORKLOADS = [
+    (p, d) for p, d in workloads() if p in {AGENT_FILE, BIE_FILE, GATEWAY_FILE, CLUSTER_FILE}
+]
 
 
 @pytest.mark.parametrize(

@@ -186,6 +186,24 @@ def test_gateway_contract(gateway: Unit) -> None:
     assert "-/etc/edge-gpu-relay/ca/host_ca" in hidden
 
 
+def test_gateway_inventory_is_in_the_writable_state_directory(gateway: Unit) -> None:
+    """A single gateway keeps its node inventory at $STATE_DIRECTORY/nodes.db: systemd
+    sets that variable from StateDirectory= and makes the directory the service user's,
+    the one writable place under ProtectSystem=strict."""
+    from cloud_gateway.cluster_config import ClusterSection
+
+    s = "Service"
+    state = Path("/var/lib") / one(gateway, s, "StateDirectory")
+    assert one(gateway, s, "ProtectSystem") == "strict"
+    section = ClusterSection()  # the default: no database, no directory of its own
+    assert section.sqlite_path({"STATE_DIRECTORY": str(state)}) == state / "nodes.db"
+    assert section.sqlite_path({}) is None, "without the unit's variable: memory only"
+    for paths in values(gateway, s, "ReadWritePaths"):
+        assert str(state) in [path.lstrip("-") for path in paths.split()]
+    assert one(gateway, s, "UMask") == "0077"
+    assert int(one(gateway, s, "StateDirectoryMode"), 8) & 0o007 == 0, "not world-accessible"
+
+
 def test_agent_watchdog_covers_six_collection_cycles(agent: Unit) -> None:
     # WATCHDOG=1 is sent after every collection cycle.
     interval = AgentConfig().interval_seconds
