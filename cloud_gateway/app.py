@@ -215,6 +215,7 @@ class Gateway:
         site = GuardedSite(self.runner, http_host, http_port, self.connections)
         await site.start()
         self.http_port = site.port
+        self.link.set_http(http_host, self.http_port)  # for the other gateways' http_sd
         if self.http.basic_auth and not cfg.http.protect_metrics:
             log.warning(
                 "basic_auth_users are set, but /metrics and /v1/collect stay open: set "
@@ -289,9 +290,11 @@ class Gateway:
                 publish_refused=self.endpoints.refused,
                 remote_write=self.remote_write.stats if self.remote_write else None,
                 forwarding=self.ingest.forward_stats,
+                cluster=self.link.cluster,
             ),
             histograms=self.self_metrics,
         )
+        self.exposition.set_orphans(self.link.orphans())  # the leader's: dead gateways' nodes
 
     async def run(self) -> None:
         while not self.stop.is_set():

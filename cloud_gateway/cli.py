@@ -1,4 +1,4 @@
-"""``cloud-gateway run|nodes|certs``: argument parsing and one-line errors."""
+"""``cloud-gateway run|nodes|gateways|certs``: argument parsing and one-line errors."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from cloud_gateway import __version__
 from cloud_gateway.cli_certs import add_certs_parser, run_certs
 from cloud_gateway.errors import GatewayConfigError, GatewayError
+from cloud_gateway.gateways_cli import add_gateways_parser, run_gateways
 from cloud_gateway.nodes_cli import add_nodes_parser, run_nodes
 from gpurelay import logs
 
@@ -21,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the gateway (SSH :2222, HTTP :9410)")
     run.add_argument("--config", type=Path, help="TOML config file")
     add_nodes_parser(sub)
+    add_gateways_parser(sub)
     add_certs_parser(sub)
     return p
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "nodes":
             return run_nodes(args)
+        if args.command == "gateways":
+            return run_gateways(args)
         return run_certs(args)
     except GatewayError as exc:
         print(f"cloud-gateway: error: {exc}", file=sys.stderr)

@@ -21,7 +21,12 @@ Rules, each with the reason for it:
   A later successful heartbeat ends the fence and claims are accepted again (healing).
 - **Last-seen in batches**: :meth:`seen` only records; each heartbeat writes them all.
 - **The fleet view** (every gateway answers for every node): the directory's entries
-  and members, re-read every ``refresh_seconds`` and on every claim NOTIFY."""
+  and members, re-read every ``refresh_seconds`` and on every claim NOTIFY.
+- **One leader** (a PostgreSQL advisory lock, tried on every heartbeat) answers for the
+  nodes of dead gateways in /metrics (``gpurelay_node_up 0``, offline): every node is in
+  the union of the gateways' bodies once. A gateway that cannot heartbeat steps down.
+- **Fair share** (:func:`to_shed`): a gateway holding more than its share of the nodes
+  lets a few agents go per second, so a gateway that joins fills up without a storm."""
 
 from __future__ import annotations
 
@@ -29,13 +34,27 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from cloud_gateway.directory import DirectoryError, NodeEntry, NodeFacts
 from cloud_gateway.directory_pg import Member, PostgresDirectory
 
 log = logging.getLogger("cloud_gateway.cluster")
+
+
+SHED_PER_SECOND = 2.0  # agents a gateway above its fair share lets go, per second
+SHED_SLACK = 2  # nodes above the fair share before shedding starts (at least)
+
+
+def to_shed(owned: int, total: int, live: int, *, per_tick: int, slack: int = SHED_SLACK) -> int:
+    """How many of its ``owned`` nodes a gateway lets go this tick: what it holds above
+    its fair share of the ``total`` owned by the ``live`` gateways (``ceil(total / live)``
+    plus ``slack``, or 5 % of the share when more), at most ``per_tick``."""
+    if live <= 1 or owned <= 0:
+        return 0
+    fair = -(-total // live)
+    return max(0, min(per_tick, owned - fair - max(slack, fair // 20)))
 
 
 class ClaimRefused(Exception):
@@ -60,6 +79,7 @@ class Cluster:
         ttl_seconds: float,
         on_lost: Callable[[str, str], None],
         on_fenced: Callable[[str], None],
+        on_shed: Callable[[list[str]], None] | None = None,
         refresh_seconds: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
@@ -72,6 +92,7 @@ class Cluster:
         self.refresh_seconds = refresh_seconds
         self._on_lost = on_lost
         self._on_fenced = on_fenced
+        self._on_shed = on_shed
         self._monotonic = monotonic
         self._clock = clock
         self.stats = ClusterStats()
@@ -79,6 +100,9 @@ class Cluster:
         self.entries: dict[str, NodeEntry] = {}  # the fleet, as last read
         self.members: list[Member] = []
         self.fenced = False
+        self.leader = False
+        self.http = ""  # host:port of this gateway's /metrics, for the others' http_sd
+        self._over = 0  # heartbeats in a row above the fair share
         self._last_ok_sent: float | None = None  # when the last successful heartbeat left
         self._seen: dict[str, float] = {}
         self._heard: dict[str, tuple[int, str]] = {}  # node -> newest (epoch, owner) notified
@@ -194,12 +218,13 @@ class Cluster:
         try:
             await self.directory.seen(seen)
             self.members = await self.directory.heartbeat(
-                advertise=self.advertise, nodes=len(self.owned)
+                advertise=self.advertise, nodes=len(self.owned), http=self.http
             )
         except DirectoryError as exc:
             for node, when in seen.items():  # keep them for the next try
                 self._seen.setdefault(node, when)
             self.stats.directory_errors["heartbeat"] += 1
+            self._step_down()
             self._check_fence(exc)
             return
         self._last_ok_sent = sent
@@ -214,8 +239,67 @@ class Cluster:
         except DirectoryError as exc:
             self.stats.directory_errors["listen"] += 1
             log.warning("cluster: cannot listen for claims: %s", exc)
+        await self._lead()
+        self._shed()
         if sent - self._last_refresh >= self.refresh_seconds:
             await self._refresh(sent)
+
+    def _shed(self) -> None:
+        """Above the fair share (by the members' last heartbeats): let a few nodes go
+        (GOODBYE: their agents reconnect through the balancer, onto a lighter gateway)."""
+        if self._on_shed is None:
+            return
+        live = [m for m in self.members if m.alive(self.ttl_seconds)]
+        total = sum(m.nodes for m in live if m.id != self.gateway) + len(self.owned)
+        per_tick = max(1, round(SHED_PER_SECOND * self.heartbeat_seconds))
+        count = to_shed(len(self.owned), total, len(live), per_tick=per_tick)
+        self._over = self._over + 1 if count else 0
+        if self._over >= 2:  # two heartbeats in a row: not the others' counts lagging
+            nodes = list(self.owned)[:count]  # the longest held (claim order): not newcomers
+            log.info(
+                "cluster: gateway %s holds %d of %d node(s) on %d gateway(s): letting %d go",
+                self.gateway,
+                len(self.owned),
+                total,
+                len(live),
+                count,
+            )
+            self._on_shed(nodes)
+
+    async def _lead(self) -> None:
+        try:
+            leader = await self.directory.lead()
+        except DirectoryError as exc:
+            self.stats.directory_errors["leader"] += 1
+            log.warning("cluster: leader lock: %s", exc)
+            leader = False
+        if leader != self.leader:
+            self.leader = leader
+            log.info("cluster: gateway %s %s", self.gateway, "leads" if leader else "stepped down")
+            if leader:  # answer for the dead gateways' nodes from a fresh fleet view
+                self._last_refresh = -float("inf")
+
+    def _step_down(self) -> None:
+        if self.leader:
+            log.warning("cluster: gateway %s steps down as leader", self.gateway)
+        self.leader = False
+        self.directory.step_down()
+
+    def orphans(self, here: Container[str]) -> list[NodeEntry]:
+        """The leader's share of /metrics: nodes of the directory not ``here`` whose
+        owner is not a live member (none when this gateway does not lead)."""
+        if not self.leader:
+            return []
+        alive = {m.id for m in self.members if m.alive(self.ttl_seconds)}
+        heard = self._heard
+        return [
+            e
+            for name, e in sorted(self.entries.items())
+            if name not in here
+            and name not in self.owned
+            and e.gateway not in alive
+            and heard.get(name, (0, ""))[0] <= e.epoch  # not claimed since (NOTIFY)
+        ]
 
     def _check_fence(self, exc: DirectoryError) -> None:
         last = self._last_ok_sent

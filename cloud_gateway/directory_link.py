@@ -33,6 +33,7 @@ from cloud_gateway.cluster import ClaimRefused, Cluster
 from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.directory import Directory, DirectoryError, NodeEntry, NodeFacts
 from cloud_gateway.registry import Registry
+from cloud_gateway.registry_types import Liveness
 from gpurelay.wire import Hello
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class DirectoryLink:
                 ttl_seconds=cfg.ttl_seconds,
                 on_lost=self._lost,
                 on_fenced=self._fenced,
+                on_shed=self._shed,
             )
         else:
             path = cfg.sqlite_path(environ)
@@ -91,6 +93,34 @@ class DirectoryLink:
     def advertise(self, value: str) -> None:
         if self.cluster is not None:
             self.cluster.advertise = value
+
+    def set_http(self, host: str, port: int) -> None:
+        """This gateway's HTTP listener as bound, for the other gateways' http_sd: its
+        host, or the peer advertise host when it listens on every address."""
+        if self.cluster is None:
+            return
+        if host in ("", "0.0.0.0", "::", "[::]"):
+            host = self.cluster.advertise.rpartition(":")[0] or "localhost"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        self.cluster.http = f"{host}:{port}"
+
+    def http_targets(self) -> list[tuple[str, str]]:
+        """(gateway id, HTTP host:port) of every live member that said where it listens."""
+        if self.cluster is None:
+            return []
+        ttl = self.cfg.ttl_seconds
+        out = {m.id: m.http for m in self.cluster.members if m.alive(ttl) and m.http}
+        if self.cluster.http:
+            out[self.gateway] = self.cluster.http
+        return sorted(out.items())
+
+    def orphans(self) -> list[Liveness]:
+        """Offline nodes of dead gateways, when this gateway leads (else none)."""
+        if self.cluster is None or not self.cluster.leader:
+            return []
+        here = {live.name for live in self.registry.liveness()}
+        return [Liveness(e.node, "offline", e.last_seen, None) for e in self.cluster.orphans(here)]
 
     @property
     def where(self) -> str:
@@ -191,6 +221,12 @@ class DirectoryLink:
             return  # never here: nothing to do (claims of the whole fleet pass by)
         self._let_go(f"node {node} is now on gateway {owner}", node)
         self.registry.forget(node)
+
+    def _shed(self, nodes: list[str]) -> None:
+        """Above the fair share: GOODBYE to these nodes' agents (they come back through
+        the balancer, most onto a lighter gateway; the claim there drops them here)."""
+        for node in nodes:
+            self._let_go(f"gateway {self.gateway} is above its fair share of nodes", node)
 
     def _fenced(self, reason: str) -> None:
         count = self._let_go(reason, None)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 CHANNEL = "gpurelay_claims"
 MIGRATION_LOCK = 0x67707572656C6179  # pg_advisory_xact_lock key: "gpurelay"
+LEADER_LOCK = 0x67707572656C6164  # pg_try_advisory_lock key of the leader: "gpurelad"
 CONNECT_TIMEOUT_SECONDS = 5.0
 COMMAND_TIMEOUT_SECONDS = 10.0
 
@@ -48,6 +49,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE gpurelay_gateways ("
         " id text PRIMARY KEY,"
         " advertise text NOT NULL,"
+        " http text NOT NULL DEFAULT '',"  # host:port of its /metrics, for http_sd
         " started timestamptz NOT NULL,"
         " heartbeat timestamptz NOT NULL,"
         " nodes integer NOT NULL)",
@@ -89,13 +91,14 @@ class Member:
     heartbeat_age: float  # seconds since its last heartbeat, by the database's clock
     nodes: int  # nodes it owned at that heartbeat
     up_seconds: float  # since it (re)started
+    http: str = ""  # host:port of its HTTP listener (/metrics), "" before it is known
 
     def alive(self, ttl: float) -> bool:
         return self.heartbeat_age < ttl
 
 
 _MEMBERS = (
-    "SELECT id, advertise, nodes,"
+    "SELECT id, advertise, http, nodes,"
     " extract(epoch FROM now() - heartbeat)::float8 AS age,"
     " extract(epoch FROM now() - started)::float8 AS up"
     " FROM gpurelay_gateways ORDER BY id"
@@ -115,6 +118,8 @@ class PostgresDirectory:
         self.on_claim = on_claim
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
+        self._leader: asyncpg.Connection | None = None  # holds LEADER_LOCK while leading
+        self.leading = False
 
     async def _run(self, what: str, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
         import asyncpg
@@ -244,22 +249,26 @@ class PostgresDirectory:
         released: bool = await self._run(f"releasing node {node!r}", run)
         return released
 
-    async def heartbeat(self, *, advertise: str, nodes: int, started: bool = False) -> list[Member]:
+    async def heartbeat(
+        self, *, advertise: str, nodes: int, started: bool = False, http: str = ""
+    ) -> list[Member]:
         """Record that this gateway is alive (``started``: it has just (re)started), and
         return every member, this one included."""
 
         async def run(conn: asyncpg.Connection) -> list[Member]:
             async with conn.transaction():
                 await conn.execute(
-                    "INSERT INTO gpurelay_gateways (id, advertise, started, heartbeat, nodes)"
-                    " VALUES ($1, $2, now(), now(), $3)"
+                    "INSERT INTO gpurelay_gateways"
+                    " (id, advertise, http, started, heartbeat, nodes)"
+                    " VALUES ($1, $2, $5, now(), now(), $3)"
                     " ON CONFLICT (id) DO UPDATE SET advertise = EXCLUDED.advertise,"
-                    " heartbeat = now(), nodes = EXCLUDED.nodes,"
+                    " http = EXCLUDED.http, heartbeat = now(), nodes = EXCLUDED.nodes,"
                     " started = CASE WHEN $4 THEN now() ELSE gpurelay_gateways.started END",
                     self.gateway,
                     advertise,
                     nodes,
                     started,
+                    http,
                 )
                 rows = await conn.fetch(_MEMBERS)
             return [_member(row) for row in rows]
@@ -285,7 +294,45 @@ class PostgresDirectory:
         entries: list[NodeEntry] = await self._run("reading the nodes", run)
         return entries
 
+    async def lead(self) -> bool:
+        """Whether this gateway is the cluster's leader: it holds ``LEADER_LOCK``, a
+        session advisory lock on a connection of its own, so the lock goes with that
+        connection (this gateway dead, or cut off: the server ends its session). Called
+        on every heartbeat: checks the connection it leads on, or tries to take the lock
+        (on the same connection, kept open: no connection per try)."""
+        import asyncpg
+
+        errors = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+        conn = self._leader
+        if self.leading and conn is not None and not conn.is_closed():
+            try:
+                await conn.fetchval("SELECT 1", timeout=COMMAND_TIMEOUT_SECONDS)
+                return True
+            except errors:
+                pass  # the session (and the lock with it) is gone: try again below
+        if self.leading or conn is None or conn.is_closed():
+            self.step_down()  # else: try again on the connection kept open
+        try:
+            if self._leader is None:
+                self._leader = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_SECONDS)
+            self.leading = bool(
+                await self._leader.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", LEADER_LOCK, timeout=COMMAND_TIMEOUT_SECONDS
+                )
+            )
+        except errors as exc:
+            self.step_down()
+            raise _error("the leader lock", exc) from exc
+        return self.leading
+
+    def step_down(self) -> None:
+        """Stop leading (or trying to): the lock goes with its connection."""
+        conn, self._leader, self.leading = self._leader, None, False
+        if conn is not None:
+            conn.terminate()
+
     async def close(self) -> None:
+        self.step_down()
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close(timeout=CONNECT_TIMEOUT_SECONDS)
@@ -318,6 +365,7 @@ def _member(row: Mapping[str, Any]) -> Member:
         heartbeat_age=max(0.0, float(row["age"])),
         nodes=int(row["nodes"]),
         up_seconds=max(0.0, float(row["up"])),
+        http=row["http"],
     )
 
 

@@ -41,12 +41,13 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
 from cloud_gateway.exposition_lines import TEXT_LINES  # noqa: F401 (its users import it here)
 from cloud_gateway.exposition_pieces import Piece, pack, pack_parallel, versions_of
+from cloud_gateway.exposition_shards import ShardCache
 from gpurelay.bie import node_summary
 from gpurelay.exposition import (
     format_labels,
@@ -148,6 +149,8 @@ class Exposition:
         self._headers: dict[tuple[Family, bool], tuple[bytes, Deflated]] = {}
         self._node_lines: dict[str, tuple[Liveness, tuple[bytes, bytes, bytes, bytes]]] = {}
         self._packing: asyncio.Future[int] | None = None
+        self._orphans: tuple[Liveness, ...] = ()  # nodes of dead gateways (the leader's)
+        self._shards = ShardCache()
 
     @property
     def generation(self) -> tuple[int, int]:
@@ -172,6 +175,35 @@ class Exposition:
         if extra != self._extra:
             self._extra = extra
             self._extra_generation += 1
+
+    def set_orphans(self, nodes: Iterable[Liveness]) -> None:
+        """Offline nodes this gateway does not hold but answers for (the cluster's leader:
+        nodes of dead gateways), in the node liveness families beside its own."""
+        orphans = tuple(sorted(nodes, key=_name))
+        if orphans != self._orphans:
+            self._orphans = orphans
+            self._extra_generation += 1
+
+    async def scrape_shard_async(
+        self, shard: int, shards: int, *, openmetrics: bool, gzip: bool
+    ) -> Body:
+        """One shard of the body (:mod:`cloud_gateway.exposition_shards`)."""
+        self.note_scrape(time.monotonic(), gzip=False)  # shards never use the pieces' gzip
+        return await self._shards.body(self, (shard, shards, openmetrics), gzip=gzip)
+
+    def fleet_generation(self) -> int:
+        """Moves when a piece of the fleet part changed (brought up to the registry)."""
+        self._read_fleet()
+        return self._fleet_generation
+
+    def current_fleet(self) -> list[tuple[Family, list[Piece]]]:
+        return self._read_fleet()
+
+    def family_header(self, family: Family, openmetrics: bool) -> bytes:
+        return self._header(family, openmetrics)[0]
+
+    def extra(self, openmetrics: bool) -> bytes:
+        return self._extra[openmetrics]
 
     def scrape(self, *, openmetrics: bool, gzip: bool) -> Body:
         """The body, compressing in this thread what needs it (tests, benches)."""
@@ -351,7 +383,7 @@ class Exposition:
         hit = self._tails.get(openmetrics)
         if hit is None or hit[0] != generation:
             plain = b"".join(
-                [*self._node_families(openmetrics), self._extra[openmetrics]]
+                [*self.node_families(openmetrics), self._extra[openmetrics]]
                 + ([b"# EOF\n"] if openmetrics else [])
             )
             hit = self._tails[openmetrics] = (generation, plain, None)
@@ -372,12 +404,20 @@ class Exposition:
             hit = self._headers[key] = (plain, Deflated(plain, self.gzip_level))
         return hit
 
-    def _node_families(self, openmetrics: bool) -> list[bytes]:
-        """``gpurelay_node_up``, ``_state``, ``_last_seen_...`` and ``_late_after_...``;
-        a node's lines are re-rendered only when its values changed."""
+    def node_families(
+        self, openmetrics: bool, keep: Callable[[str], bool] | None = None
+    ) -> list[bytes]:
+        """``gpurelay_node_up``, ``_state``, ``_last_seen_...`` and ``_late_after_...``
+        (of the nodes ``keep`` keeps, all by default); a node's lines are re-rendered only
+        when its values changed."""
         cache = self._node_lines
         columns: tuple[list[bytes], ...] = ([], [], [], [])
-        for live in self.registry.liveness():
+        nodes = self.registry.liveness()
+        if self._orphans:
+            nodes = sorted([*nodes, *self._orphans], key=_name)
+        for live in nodes:
+            if keep is not None and not keep(live.name):
+                continue
             hit = cache.get(live.name)
             if hit is None or hit[0] != live:
                 hit = cache[live.name] = (live, _node_lines(live, self.registry.config.node_label))
@@ -389,6 +429,10 @@ class Exposition:
             if lines:
                 parts += [self._header(fam, openmetrics)[0], *lines]
         return parts
+
+
+def _name(live: Liveness) -> str:
+    return live.name
 
 
 def _node_lines(live: Liveness, node_label: str) -> tuple[bytes, bytes, bytes, bytes]:

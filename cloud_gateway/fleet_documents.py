@@ -57,3 +57,19 @@ def gateway_document(member: Member, ttl: float, me: str) -> dict[str, Any]:
         "up_seconds": round(member.up_seconds, 3),
         "nodes": member.nodes,
     }
+
+
+def metrics_targets(
+    gateways: list[tuple[str, str]], shards: int, *, scheme: str = "http"
+) -> list[dict[str, Any]]:
+    """Prometheus http_sd for the gateways' own ``/metrics``: per gateway (id, host:port),
+    one target group per shard, its ``shard``/``shards`` as URL parameters
+    (``__param_*``); with one shard, the whole body (no parameters: its fast path)."""
+    groups = []
+    for gateway, address in gateways:
+        for k in range(shards):
+            labels = {"__metrics_path__": "/metrics", "__scheme__": scheme, "gateway": gateway}
+            if shards > 1:
+                labels |= {"__param_shard": str(k), "__param_shards": str(shards)}
+            groups.append({"targets": [address], "labels": labels})
+    return groups

@@ -16,6 +16,7 @@ from http import HTTPStatus
 
 from cloud_gateway import __version__
 from cloud_gateway.auth_policy import REASONS
+from cloud_gateway.cluster import Cluster
 from cloud_gateway.exposition import FamilySamples
 from cloud_gateway.forwarding import ForwardStats
 from cloud_gateway.http_api import AUTH_FAILURE_REASONS, ENDPOINTS
@@ -190,6 +191,35 @@ RW_LAST_LATENCY = _family(
     "Duration of the last request attempt that got a response" + _ONLY + ".",
 )
 
+_CL = "gpurelay_gateway_cluster_"
+_IN = " (only with [cluster] database)"
+CL_MEMBERS = _family(
+    _CL + "members", "gauge", "Live gateways of the cluster, this one included" + _IN + "."
+)
+CL_OWNED = _family(
+    _CL + "owned_nodes", "gauge", "Nodes this gateway owns in the directory" + _IN + "."
+)
+CL_CLAIMS = _family(_CL + "claims_total", "counter", "Nodes this gateway claimed" + _IN + ".")
+CL_LOST = _family(
+    _CL + "lost_claims_total", "counter", "Nodes another gateway claimed from this one" + _IN + "."
+)
+CL_FENCING = _family(
+    _CL + "fencing_events_total",
+    "counter",
+    "Times this gateway let all its nodes go, cut off from the directory" + _IN + ".",
+)
+CL_ERRORS = _family(
+    _CL + "directory_errors_total",
+    "counter",
+    "Failed directory operations, by operation" + _IN + ".",
+)
+CL_LEADER = _family(
+    _CL + "leader",
+    "gauge",
+    "1 while this gateway leads (answers for the nodes of dead gateways)" + _IN + ".",
+)
+CL_FENCED = _family(_CL + "fenced", "gauge", "1 while this gateway is fenced" + _IN + ".")
+DIRECTORY_OPERATIONS = ("claim", "release", "heartbeat", "listen", "entries", "leader")
 
 OTHER = "other"
 AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
@@ -237,6 +267,7 @@ def gateway_families(
     publish_refused: int = 0,
     remote_write: RemoteWriteStats | None = None,
     forwarding: ForwardStats | None = None,
+    cluster: Cluster | None = None,
 ) -> list[FamilySamples]:
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
@@ -276,7 +307,24 @@ def gateway_families(
     ]
     if remote_write is not None:
         families += _remote_write(remote_write, forwarding or ForwardStats())
+    if cluster is not None:
+        families += cluster_families(cluster)
     return families
+
+
+def cluster_families(cluster: Cluster) -> list[FamilySamples]:
+    stats = cluster.stats
+    members = sum(1 for m in cluster.members if m.alive(cluster.ttl_seconds))
+    return [
+        _one(CL_MEMBERS, members),
+        _one(CL_OWNED, len(cluster.owned)),
+        _one(CL_CLAIMS, stats.claims),
+        _one(CL_LOST, stats.lost_claims),
+        _one(CL_FENCING, stats.fencing_events),
+        _fixed(CL_ERRORS, "operation", stats.directory_errors, DIRECTORY_OPERATIONS, zeros=True),
+        _one(CL_LEADER, int(cluster.leader)),
+        _one(CL_FENCED, int(cluster.fenced)),
+    ]
 
 
 def _remote_write(rw: RemoteWriteStats, fwd: ForwardStats) -> list[FamilySamples]:

@@ -29,11 +29,12 @@ from yarl import URL
 from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Body, Exposition, bie_document
-from cloud_gateway.fleet_documents import entry_document, gateway_document
+from cloud_gateway.fleet_documents import entry_document, gateway_document, metrics_targets
 from cloud_gateway.http_listener import ConnectionGuard, Throttled
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
+from cloud_gateway.shards import ShardError, parse_shard
 from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from gpurelay.web_config import BASIC_CHALLENGE, BasicAuth, parse_basic
 
@@ -171,7 +172,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     endpoint = route_template(request)
     state.requests[endpoint] = state.requests.get(endpoint, 0) + 1
     refusal = None
-    if path == "/api/v1/sd":
+    if path in ("/api/v1/sd", "/api/v1/sd/metrics"):
         if state.protect_sd:
             tokens = state.tokens if state.sd_tokens is None else state.sd_tokens
             refusal = await _authorised(
@@ -277,6 +278,24 @@ async def service_discovery(request: web.Request) -> web.Response:
     return web.json_response(groups)
 
 
+async def metrics_discovery(request: web.Request) -> web.Response:
+    """Prometheus http_sd of the gateways' own /metrics: ``?shards=N`` targets per live
+    gateway (this one alone without a cluster), each scraping ``/metrics?shard=K&shards=N``."""
+    state = request.app[STATE]
+    try:
+        shards = parse_shard({"shard": "0", "shards": request.query.get("shards", "1")})
+    except ShardError as exc:
+        return _error(400, str(exc))
+    assert shards is not None
+    link = state.directory
+    gateways = link.http_targets() if link is not None else []
+    if not gateways:
+        gateways = [(link.gateway if link is not None else "", request.host)]
+    tls = state.connections is not None and state.connections.tls is not None
+    scheme = "https" if tls else "http"
+    return web.json_response(metrics_targets(gateways, shards[1], scheme=scheme))
+
+
 class ChunksPayload(Payload):
     """A :class:`~cloud_gateway.exposition.Body` sent as it is kept: its shared chunks
     (gzip members when compressed) written one after another under one Content-Length,
@@ -299,7 +318,15 @@ async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     om = wants_openmetrics(request.headers.get("Accept", ""))
     gz = "gzip" in request.headers.get("Accept-Encoding", "")
-    body = await state.exposition.scrape_async(openmetrics=om, gzip=gz)
+    if "shard" in request.query or "shards" in request.query:
+        try:
+            shard = parse_shard(request.query)
+        except ShardError as exc:
+            return _error(400, str(exc))
+        assert shard is not None
+        body = await state.exposition.scrape_shard_async(*shard, openmetrics=om, gzip=gz)
+    else:
+        body = await state.exposition.scrape_async(openmetrics=om, gzip=gz)
     content_type = OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE
     headers = {"Content-Type": content_type, "Content-Length": str(body.size)}
     if gz:
@@ -433,6 +460,7 @@ ENDPOINTS = (
     "/readyz",
     "/openapi.json",
     "/api/v1/sd",
+    "/api/v1/sd/metrics",
     "/proxy/{node}/{port}/{path}",
     "proxy",
     OTHER,
@@ -452,5 +480,6 @@ def make_app(state: HttpState) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/api/v1/sd", service_discovery)
+    app.router.add_get("/api/v1/sd/metrics", metrics_discovery)
     app.router.add_route("*", "/proxy/{node}/{port}/{path:.*}", path_proxy)
     return app

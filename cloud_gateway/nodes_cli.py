@@ -21,6 +21,13 @@ DEFAULT_URL = "http://127.0.0.1:9410"
 
 def add_nodes_parser(sub: Any) -> None:
     p = sub.add_parser("nodes", help="list the nodes the gateway knows")
+    add_connection_options(p)
+    p.add_argument("--state", choices=("online", "stale", "offline"), help="only this state")
+    p.add_argument("--domain", help="only nodes of this network domain")
+
+
+def add_connection_options(p: argparse.ArgumentParser) -> None:
+    """--gateway, --token, --token-file, --json, --timeout (every API command's)."""
     p.add_argument(
         "--gateway",
         default=os.environ.get("CLOUD_GATEWAY_URL", DEFAULT_URL),
@@ -32,8 +39,6 @@ def add_nodes_parser(sub: Any) -> None:
         help="bearer token (default $CLOUD_GATEWAY_TOKEN)",
     )
     p.add_argument("--token-file", type=Path, help="read the bearer token from this file")
-    p.add_argument("--state", choices=("online", "stale", "offline"), help="only this state")
-    p.add_argument("--domain", help="only nodes of this network domain")
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.add_argument("--timeout", type=float, default=10.0)
 
@@ -43,6 +48,14 @@ class NodesError(Exception):
 
 
 def fetch_nodes(args: argparse.Namespace) -> dict[str, Any]:
+    params = {k: v for k, v in (("state", args.state), ("domain", args.domain)) if v}
+    return fetch(args, "/api/v1/nodes", "nodes", params)
+
+
+def fetch(
+    args: argparse.Namespace, path: str, key: str, params: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The API's JSON document at ``path`` (which must hold ``key``), or NodesError."""
     token = args.token
     if args.token_file is not None:
         try:
@@ -52,8 +65,7 @@ def fetch_nodes(args: argparse.Namespace) -> dict[str, Any]:
                 f"token file {args.token_file} cannot be read: {exc.strerror}"
             ) from exc
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    params = {k: v for k, v in (("state", args.state), ("domain", args.domain)) if v}
-    url = args.gateway.rstrip("/") + "/api/v1/nodes"
+    url = args.gateway.rstrip("/") + path
     try:
         response = httpx.get(url, headers=headers, params=params, timeout=args.timeout)
     except httpx.TransportError as exc:
@@ -69,7 +81,7 @@ def fetch_nodes(args: argparse.Namespace) -> dict[str, Any]:
         raise NodesError(f"gateway said {response.status_code}: {_body(response)}")
     try:
         doc: dict[str, Any] = response.json()
-        doc["nodes"]
+        doc[key]
     except (ValueError, KeyError, TypeError) as exc:
         raise NodesError(f"{url} did not answer like an edge-gpu-relay gateway") from exc
     return doc

@@ -37,8 +37,21 @@ _NODE = {
         "duplicate_batches": {"type": "integer"},
         "replayed_batches": {"type": "integer"},
         "connection_conflicts": {"type": "integer"},
+        "gateway": {"type": "string", "description": "the owner's id (with [cluster])"},
     },
 }
+_JSON = {"content": {"application/json": {"schema": {"type": "object"}}}}
+_SHARD = [
+    {
+        "name": name,
+        "in": "query",
+        "description": "only the nodes whose name hashes to shard (0..shards-1) of shards "
+        "(1..1024); both or neither. The gateway's own gpurelay_gateway_* families are in "
+        "shard 0; the shards together hold every series once",
+        "schema": {"type": "integer", "minimum": low},
+    }
+    for name, low in (("shard", 0), ("shards", 1))
+]
 _TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 
 OPENAPI: dict[str, Any] = {
@@ -49,7 +62,8 @@ OPENAPI: dict[str, Any] = {
         "/metrics": {
             "get": {
                 "summary": "All nodes' latest series, node-stamped (text or OpenMetrics)",
-                "responses": {"200": {"description": "exposition", **_TEXT}},
+                "parameters": _SHARD,
+                "responses": {"200": {"description": "exposition", **_TEXT}, "400": _ERROR},
             }
         },
         "/v1/collect": {
@@ -98,6 +112,37 @@ OPENAPI: dict[str, Any] = {
                     {"name": "node", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],
                 "responses": {"200": {"description": "node"}, "404": _ERROR, **_AUTH},
+            }
+        },
+        "/api/v1/gateways": {
+            "get": {
+                "summary": "The cluster's gateways: id, advertise, alive, this, "
+                "heartbeat_age_seconds, up_seconds, nodes (one gateway: itself)",
+                "security": [{"bearer": []}],
+                "responses": {"200": {"description": "gateways", **_JSON}, **_AUTH},
+            }
+        },
+        "/api/v1/sd": {
+            "get": {
+                "summary": "Prometheus http_sd: the nodes' published endpoints",
+                "security": [{"bearer": []}],
+                "responses": {"200": {"description": "target groups", **_JSON}, **_AUTH},
+            }
+        },
+        "/api/v1/sd/metrics": {
+            "get": {
+                "summary": "Prometheus http_sd of the gateways' own /metrics: per live "
+                "gateway, one target per shard (labels __param_shard, __param_shards, "
+                "gateway); shards=1 (default): one target per gateway, the whole body",
+                "security": [{"bearer": []}],
+                "parameters": [
+                    {"name": "shards", "in": "query", "schema": {"type": "integer", "minimum": 1}}
+                ],
+                "responses": {
+                    "200": {"description": "target groups", **_JSON},
+                    "400": _ERROR,
+                    **_AUTH,
+                },
             }
         },
         "/healthz": {"get": {"summary": "Process is alive", "responses": {"200": _TEXT}}},

@@ -1,0 +1,117 @@
+"""``/metrics?shard=K&shards=N``: each shard is a valid body, and the N shards together
+hold every series of the whole body exactly once (the gateway's own families in shard 0)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from cloud_gateway.exposition import Exposition
+from cloud_gateway.http_api import HttpState, make_app
+from cloud_gateway.registry import Registry
+from cloud_gateway.registry_types import Liveness
+from cloud_gateway.shards import shard_of
+from gpurelay.model import Snapshot
+from tests.promtool_support import unexpected_findings
+from tests.unit.test_gateway_exposition import OWN, T0, Agent, snapshot
+
+NODES = [f"edge-{i:02d}" for i in range(14)]
+DEAD = Liveness("dead-node", "offline", T0 - 100.0, None)  # a dead gateway's node
+
+
+@pytest.fixture(scope="module")
+def snaps(tmp_path_factory: pytest.TempPathFactory) -> list[Snapshot]:
+    tmp = tmp_path_factory.mktemp("snaps")
+    return [snapshot(tmp / str(i), gpus=1 + i, seed=i, mig=i == 1) for i in range(3)]
+
+
+@pytest.fixture
+def expo(snaps: list[Snapshot]) -> Exposition:
+    reg = Registry()
+    for i, node in enumerate(NODES):
+        snap = snaps[i % len(snaps)]
+        Agent(reg, node, dataclasses.replace(snap, node=node))
+    reg.disconnect(NODES[3], reg.live_connection(NODES[3])[0], now=T0, reason="test")  # type: ignore[index]
+    expo = Exposition(reg)
+    expo.set_extra([OWN])
+    expo.set_orphans([DEAD])
+    return expo
+
+
+def samples(body: bytes) -> Counter[str]:
+    return Counter(line for line in body.decode().splitlines() if not line.startswith("#"))
+
+
+def headers(body: bytes) -> Counter[str]:
+    return Counter(line for line in body.decode().splitlines() if line.startswith("# TYPE"))
+
+
+async def shard_body(expo: Exposition, k: int, n: int, *, om: bool = False) -> bytes:
+    plain = await expo.scrape_shard_async(k, n, openmetrics=om, gzip=False)
+    packed = await expo.scrape_shard_async(k, n, openmetrics=om, gzip=True)
+    assert packed.gzip and gzip.decompress(packed.join()) == plain.join()
+    return plain.join()
+
+
+@pytest.mark.parametrize("om", [False, True])
+async def test_the_shards_partition_the_body(expo: Exposition, om: bool) -> None:
+    whole = expo.scrape(openmetrics=om, gzip=False).join()
+    assert 'Hostname="dead-node"' in whole.decode()
+    for n in range(1, 6):
+        bodies = [await shard_body(expo, k, n, om=om) for k in range(n)]
+        union = sum((samples(b) for b in bodies), Counter[str]())
+        assert union == samples(whole), n
+        assert max(union.values()) == 1  # no series twice
+        for k, body in enumerate(bodies):
+            assert max(headers(body).values(), default=1) == 1  # a family's header once
+            assert (b"gpurelay_gateway_batches_total" in body) == (k == 0)
+            assert body.endswith(b"# EOF\n") == om
+            for node in [*NODES, DEAD.name]:  # a node's series all in its own shard
+                assert (f'"{node}"'.encode() in body) == (shard_of(node, n) == k)
+    assert await shard_body(expo, 0, 1, om=om) == whole
+
+
+async def test_each_shard_passes_promtool(expo: Exposition, promtool: Path) -> None:
+    for n in range(1, 6):
+        for k in range(n):
+            assert unexpected_findings(promtool, await shard_body(expo, k, n)) == [], (k, n)
+
+
+async def test_a_shard_follows_new_data(expo: Exposition, snaps: list[Snapshot]) -> None:
+    n = 3
+    k = shard_of(NODES[0], n)
+    before = await shard_body(expo, k, n)
+    reg = expo.registry
+    conn = reg.live_connection(NODES[0])
+    assert conn is not None
+    agent = Agent.__new__(Agent)
+    agent.reg, agent.node, agent.snap, agent.seq, agent.conn = reg, NODES[0], snaps[0], 1, conn[0]
+    agent.send([(0, 123456.0)], now=T0 + 1)
+    after = await shard_body(expo, k, n)
+    assert after != before and b" 123456\n" in after
+    assert samples(after) - samples(before)  # a changed sample line
+    others = [await shard_body(expo, j, n) for j in range(n) if j != k]
+    assert all(b" 123456\n" not in b for b in others)
+
+
+async def test_bad_shard_parameters_are_a_400(expo: Exposition) -> None:
+    state = HttpState(registry=expo.registry, exposition=expo, tokens=frozenset())
+    async with TestClient(TestServer(make_app(state))) as client:
+        for query in (
+            "shard=1",
+            "shards=2",
+            "shard=2&shards=2",
+            "shard=a&shards=2",
+            "shard=0&shards=0",
+        ):
+            resp = await client.get(f"/metrics?{query}")
+            assert resp.status == 400, query
+            assert "shard" in (await resp.json())["error"]
+        ok = await client.get("/metrics?shard=1&shards=2", headers={"Accept-Encoding": "gzip"})
+        assert ok.status == 200 and ok.headers["Content-Encoding"] == "gzip"
+        assert (await ok.read()) == await shard_body(expo, 1, 2)  # the client inflates it
