@@ -24,7 +24,6 @@ from cloud_gateway.shards import shard_of
 
 if TYPE_CHECKING:
     from cloud_gateway.exposition import Body, Exposition
-    from cloud_gateway.exposition_pieces import Piece
     from cloud_gateway.registry_records import FamilyState
 
 Key = tuple[int, int, bool]  # shard, shards, openmetrics
@@ -71,7 +70,10 @@ class ShardCache:
         generation = expo.fleet_generation()
         part = self._fleet.get(key)
         if part is None or part[0] != generation:
-            part = _store(self._fleet, key, (generation, self._fleet_part(expo, *key), None))
+            _, shards, openmetrics = key
+            for k, plain in enumerate(self._fleet_parts(expo, shards, openmetrics)):
+                _store(self._fleet, (k, shards, openmetrics), (generation, plain, None))
+            part = self._fleet[key]
         tail = self._tails.get(key)
         if tail is None or tail[0] != expo.generation:
             tail = _store(self._tails, key, (expo.generation, self._tail(expo, *key), None))
@@ -88,16 +90,24 @@ class ShardCache:
         chunks = (GZIP_HEADER, packed.data, last.data, trailer([packed, last]))
         return Body(chunks, sum(map(len, chunks)), True)
 
-    def _fleet_part(self, expo: Exposition, shard: int, shards: int, openmetrics: bool) -> bytes:
+    def _fleet_parts(self, expo: Exposition, shards: int, openmetrics: bool) -> list[bytes]:
+        """Every shard's fleet part in one pass over the blocks (their N scrapers come
+        together: one pass, not N)."""
         fleet = expo.current_fleet()
         states = {fs.family.name: fs for fs, _ in expo.registry.family_states()}
-        out: list[bytes | memoryview] = []
+        outs: list[list[bytes | memoryview]] = [[] for _ in range(shards)]
         for fam, pieces in fleet:
-            blocks = self._blocks(states[fam.name], pieces, shard, shards)
-            if blocks:
-                out.append(expo.family_header(fam, openmetrics))
-                out += blocks
-        return b"".join(out)
+            nodes = self.block_nodes(states[fam.name])
+            per: list[list[bytes | memoryview]] = [[] for _ in range(shards)]
+            for piece in pieces:
+                for i, g in enumerate(piece.groups):
+                    per[self.shard(nodes[id(g)], shards)].append(piece.block(i))
+            header = expo.family_header(fam, openmetrics)
+            for out, blocks in zip(outs, per, strict=True):
+                if blocks:
+                    out.append(header)
+                    out.extend(blocks)
+        return [b"".join(out) for out in outs]
 
     def _tail(self, expo: Exposition, shard: int, shards: int, openmetrics: bool) -> bytes:
         out = expo.node_families(openmetrics, lambda node: self.shard(node, shards) == shard)
@@ -106,17 +116,6 @@ class ShardCache:
         if openmetrics:
             out.append(b"# EOF\n")
         return b"".join(out)
-
-    def _blocks(
-        self, fs: FamilyState, pieces: list[Piece], shard: int, shards: int
-    ) -> list[memoryview]:
-        nodes = self.block_nodes(fs)
-        out = []
-        for piece in pieces:
-            for i, g in enumerate(piece.groups):
-                if self.shard(nodes[id(g)], shards) == shard:
-                    out.append(piece.block(i))
-        return out
 
 
 def _store(cache: dict[Key, Cached], key: Key, value: Cached) -> Cached:
