@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cloud_gateway.ssh_server import SshServer, _TelemetryChannel
 from gpurelay.wire import Batch, Declare, Frame, Hello, SeriesDecl
@@ -34,12 +34,18 @@ class Turns:
 
 
 class Recorder:
-    def __init__(self, turns: Turns, log: list[tuple[str, int]]) -> None:
-        self.turns, self.log = turns, log
+    def __init__(
+        self,
+        turns: Turns,
+        log: list[tuple[str, int]],
+        on_declare: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.turns, self.log, self.on_declare = turns, log, on_declare
 
     def handle(self, frame: Frame) -> Sequence[Frame]:
         self.log.append((type(frame).__name__, self.turns.n))
         if isinstance(frame, Declare):
+            self.on_declare()
             time.sleep(0.002)  # the expensive part
         return ()
 
@@ -82,10 +88,15 @@ async def test_a_timer_runs_between_two_declare_reads() -> None:
     fired: list[int] = []
     turns = Turns()
     log: list[tuple[str, int]] = []
-    sessions = [Recorder(turns, log) for _ in range(3)]
     loop = asyncio.get_running_loop()
-    loop.call_later(0.001, lambda: fired.append(turns.n))  # due during the first declare
+
+    def arm() -> None:  # a timer that is due as soon as the first DECLARE is handled
+        if not fired:
+            fired.append(-1)
+            loop.call_later(0, lambda: fired.append(turns.n))
+
+    sessions = [Recorder(turns, log, arm) for _ in range(3)]
     await asyncio.gather(*(channel(srv, s)._handle(s, [DECLARE]) for s in sessions))  # type: ignore[arg-type]
     turns.stop()
     declares = [t for _, t in log]
-    assert fired and declares[0] < fired[0] < declares[-1]
+    assert len(fired) == 2 and declares[0] < fired[1] < declares[-1], (declares, fired)
