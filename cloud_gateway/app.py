@@ -199,8 +199,8 @@ class Gateway:
             await self._start_peers()
         try:
             await self.link.start()
-        except DirectoryError as exc:
-            raise GatewayConfigError(f"cluster: {exc}") from exc
+        except DirectoryError as exc:  # exit 1, not 2: a database down at boot comes back
+            raise GatewayError(f"cluster: {exc}") from exc
         if self.link.directory is not None or self.link.cluster is not None:
             self.ssh.admission = self.link
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")

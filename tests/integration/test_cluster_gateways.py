@@ -134,3 +134,24 @@ async def test_the_single_gateways_inventory_survives_a_restart(tmp_path: Path) 
         assert entry["last_disconnect_reason"]
         r = await client.get(f"http://127.0.0.1:{gw.http_port}/api/v1/nodes/edge-1", headers=AUTH)
         assert r.status_code == 200 and len(r.json()["gpus"]) == 1
+
+
+async def test_a_database_down_at_start_is_a_retryable_error_not_a_config_error(
+    tmp_path: Path,
+) -> None:
+    """Exit 1 (systemd restarts it), not 2 (a config error, never restarted): a gateway
+    that boots while PostgreSQL is down must come up once it is back."""
+    from cloud_gateway.errors import GatewayConfigError, GatewayError
+    from harness.ports import free_ports
+
+    pki = make_pki(tmp_path)
+    token = tmp_path / "peer.token"
+    token.write_text("peer-token-0123456789abcdef\n")
+    port = free_ports(1)[0]  # nothing listens there
+    gw = Gateway(member(pki, f"postgresql://relay@127.0.0.1:{port}/relay", "gw-a", token))
+    try:
+        with pytest.raises(GatewayError, match="cannot connect") as info:
+            await gw.startup()
+        assert not isinstance(info.value, GatewayConfigError)
+    finally:
+        await gw.shutdown()
