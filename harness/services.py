@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.config import GatewayConfig, RegistrySection
 from cloud_gateway.config import load as load_gateway_config
 from harness.fleet import Pki, gateway_config
@@ -55,7 +56,8 @@ class GatewayProc(Process):
     URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``.
     ``ssh_host``: the SSH listener's address instead of loopback (an
     :class:`harness.netns.Uplink`'s ``gateway_host``; the PKI must name it); ``registry``:
-    keys of its ``[registry]`` section (liveness thresholds)."""
+    keys of its ``[registry]`` section (liveness thresholds); ``cluster``: its ``[cluster]``
+    section (a member of several gateways on one PostgreSQL)."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class GatewayProc(Process):
         log_level: str = "info",
         ssh_host: str = "127.0.0.1",
         registry: Mapping[str, Any] | None = None,
+        cluster: ClusterSection | None = None,
     ) -> None:
         self.ssh_port, self.http_port = free_ports(2)
         self.ssh_host = ssh_host
@@ -75,6 +78,8 @@ class GatewayProc(Process):
         )
         if registry:
             cfg = dataclasses.replace(cfg, registry=RegistrySection(**registry))
+        if cluster is not None:
+            cfg = dataclasses.replace(cfg, cluster=cluster)
         remote_write = cfg.remote_write
         if remote_write_url:
             remote_write = dataclasses.replace(
@@ -103,7 +108,8 @@ class AgentProc(Process):
     """An agent of ``node`` with two simulated GPUs, collecting every second and pushing to
     ``gateway`` through its spool in ``spool_dir``. ``prefix`` goes before its argv, e.g.
     :attr:`harness.netns.Uplink.prefix` to run it in the edge namespace (its local HTTP,
-    ``url`` and :meth:`metric`, is then inside that namespace, out of this one's reach)."""
+    ``url`` and :meth:`metric`, is then inside that namespace, out of this one's reach).
+    ``address``: HOST:PORT to dial instead of ``gateway``'s (a balancer in front of it)."""
 
     def __init__(
         self,
@@ -116,8 +122,10 @@ class AgentProc(Process):
         replay_rate: float = 50.0,
         max_in_flight: float = 64,
         prefix: Sequence[str] = (),
+        address: str = "",
     ) -> None:
         creds = pki.node(node)
+        address = address or f"{gateway.ssh_host}:{gateway.ssh_port}"
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         config = tmp / f"agent-{node}.toml"
@@ -133,7 +141,7 @@ seed = 11
 processes_per_gpu = 2
 
 [gateway]
-address = "{gateway.ssh_host}:{gateway.ssh_port}"
+address = "{address}"
 known_hosts = "{pki.ca.known_hosts}"
 key = "{creds.private_key}"
 certificate = "{creds.certificate}"
