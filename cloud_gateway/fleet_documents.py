@@ -64,12 +64,13 @@ def metrics_targets(
 ) -> list[dict[str, Any]]:
     """Prometheus http_sd for the gateways' own ``/metrics``: per gateway (id, host:port),
     one target group per shard, its ``shard``/``shards`` as URL parameters
-    (``__param_*``); with one shard, the whole body (no parameters: its fast path)."""
+    (``__param_*``) and a ``shard`` label (else the N targets' ``up`` and scrape series
+    would be one series); with one shard, the whole body (no parameters: its fast path)."""
     groups = []
     for gateway, address in gateways:
         for k in range(shards):
             labels = {"__metrics_path__": "/metrics", "__scheme__": scheme, "gateway": gateway}
-            if shards > 1:
-                labels |= {"__param_shard": str(k), "__param_shards": str(shards)}
+            if shards > 1:  # shard: the N targets of one gateway differ in their labels
+                labels |= {"__param_shard": str(k), "__param_shards": str(shards), "shard": str(k)}
             groups.append({"targets": [address], "labels": labels})
     return groups

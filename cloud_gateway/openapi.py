@@ -133,7 +133,7 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "Prometheus http_sd of the gateways' own /metrics: per live "
                 "gateway, one target per shard (labels __param_shard, __param_shards, "
-                "gateway); shards=1 (default): one target per gateway, the whole body",
+                "gateway, shard); shards=1 (default): one target per gateway, the whole body",
                 "security": [{"bearer": []}],
                 "parameters": [
                     {"name": "shards", "in": "query", "schema": {"type": "integer", "minimum": 1}}

@@ -68,6 +68,7 @@ def test_metrics_targets_one_per_gateway_and_shard() -> None:
             "gateway": "gw-b",
             "__param_shard": "1",
             "__param_shards": "3",
+            "shard": "1",
         },
     }
     whole = metrics_targets([("gw-a", "a:1")], 1, scheme="https")  # no parameters: fast path
@@ -111,7 +112,7 @@ def test_promtool_accepts_a_scrape_config_on_it(tmp_path: Path, promtool: Path) 
         "    http_sd_configs:\n"
         "      - url: http://gateway.example:9410/api/v1/sd/metrics?shards=4\n"
         "        refresh_interval: 30s\n"
-        "        authorization: {credentials_file: token}\n"
+        "        authorization: {type: Bearer, credentials_file: token}\n"
     )
     proc = subprocess.run(
         [str(promtool), "check", "config", str(config)],
