@@ -81,6 +81,10 @@ def test_a_node_owned_elsewhere_is_listed_and_scraped_through_every_gateway(
         assert set(listed) == set(gateways), (gid, listed)
         assert all(g["alive"] for g in listed.values()), (gid, listed)
         assert listed[gid]["this"]
+    # http_sd of the gateways' own /metrics: the same three targets from each
+    sd = {gid: sd_gateways(cluster, gid) for gid in gateways}
+    assert all(t == sd[gateways[0]] for t in sd.values()), sd
+    assert {g for g, _ in sd[gateways[0]]} == set(gateways), sd
     owners = cluster.owners(gateways[0])
     assert set(owners) == set(cluster.node_names), owners
     assert set(owners.values()) == set(gateways), f"haproxy spread the agents: {owners}"
@@ -128,14 +132,12 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
     cluster = cluster_of(spec)
     gateways = list(cluster.gateways)
     owners = cluster.owners(gateways[0])
-    real_on = {g: sum(owners[n] == g for n in cluster.agents) for g in gateways}
-    victim = max(gateways, key=lambda g: (real_on[g], sum(o == g for o in owners.values())))
-    survivors = [g for g in gateways if g != victim]
     time.sleep(5)  # Prometheus scrapes the settled cluster a few times
 
     # before the kill, a move between live gateways: haproxy cuts the connections through
-    # one survivor; its agents come back on the others, and it lets their nodes go at once
-    drained = survivors[0]
+    # one gateway; its agents come back on the others, and it lets their nodes go at once
+    # (it then fills up again: the others shed agents above their fair share)
+    drained = gateways[0]
     leaving = sorted(n for n, o in owners.items() if o == drained)
     cluster.drain(drained)
     others = [g for g in gateways if g != drained]
@@ -151,8 +153,11 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
     cluster.undrain(drained)
     time.sleep(5)
 
+    # the victim: the gateway holding the most real agents now (4 real agents: at least 1)
     owners = cluster.owners(gateways[0])
     real_on = {g: sum(owners[n] == g for n in cluster.agents) for g in gateways}
+    victim = max(gateways, key=lambda g: (real_on[g], sum(o == g for o in owners.values())))
+    survivors = [g for g in gateways if g != victim]
     moved = sorted(n for n, o in owners.items() if o == victim)
     assert moved and real_on[victim] >= 1, f"{victim} holds nothing to move: {owners}"
 
@@ -174,7 +179,7 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
         time.sleep(0.25)
     figures = (
         f"kill -9 of {victim} ({len(moved)} of {len(owners)} nodes, {real_on[victim]} real): "
-        f"all owned by survivors after {owned_after} s, all fresh after {fresh_after} s"
+        f"all owned by survivors after {_s(owned_after)}, all fresh after {_s(fresh_after)}"
     )
     print(figures)
     why = f"{figures}\n{cluster.logs(20)}"
@@ -187,6 +192,12 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
         return a == c and set(a) == set(cluster.node_names)
 
     wait_until(same, 20, "identical node lists on the survivors", poll=0.5)
+
+    def same_sd() -> bool:
+        a, c = (sd_gateways(cluster, g) for g in survivors)
+        return a == c and {g for g, _ in a} == set(survivors)
+
+    wait_until(same_sd, 20, "the survivors' http_sd: the survivors' /metrics", poll=0.5)
     view = cluster.view(survivors[0])
     assert all(o in survivors and s == "online" for o, s in view.values()), view
     time.sleep(8)  # and a few scrapes after
@@ -219,6 +230,16 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
         )
         replayed = cluster.agents[node].metric("gpurelay_agent_replayed_batches_total")
         print(f"{line}; replayed batches {replayed:.0f}")
+
+
+def _s(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f} s"
+
+
+def sd_gateways(cluster: Cluster, gateway: str) -> list[tuple[str, str]]:
+    """(gateway label, target) of every group of ``gateway``'s /api/v1/sd/metrics."""
+    groups = cluster.api(gateway, "/api/v1/sd/metrics")
+    return sorted((g["labels"]["gateway"], t) for g in groups for t in g["targets"])
 
 
 def fresh(views: dict[str, dict[str, dict[str, Any]]], via: str, node: str, since: float) -> bool:
