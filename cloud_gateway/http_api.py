@@ -438,8 +438,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if not request.app[STATE].ready:
+    state = request.app[STATE]
+    if not state.ready:
         return web.Response(status=503, text="not ready: starting or shutting down\n")
+    cluster = state.directory.cluster if state.directory is not None else None
+    if cluster is not None and cluster.fenced:  # the balancer must not send agents here
+        return web.Response(status=503, text="not ready: fenced, the node directory is lost\n")
     return web.Response(text="ready\n")
 
 

@@ -155,3 +155,25 @@ async def test_a_database_down_at_start_is_a_retryable_error_not_a_config_error(
         assert not isinstance(info.value, GatewayConfigError)
     finally:
         await gw.shutdown()
+
+
+async def test_a_fenced_gateway_is_not_ready_so_the_balancer_sends_agents_elsewhere(
+    tmp_path: Path, database: str
+) -> None:
+    """A fenced gateway holds no tunnels, so leastconn would send it every reconnecting
+    agent, which it refuses: /readyz (the balancer's health check) says 503 meanwhile."""
+    pki = make_pki(tmp_path)
+    token = tmp_path / "peer.token"
+    token.write_text("peer-token-0123456789abcdef\n")
+    async with (
+        running_gateway(member(pki, database, "gw-a", token)) as a,
+        httpx.AsyncClient(timeout=20) as client,
+    ):
+        url = f"http://127.0.0.1:{a.http_port}/readyz"
+        assert (await client.get(url)).status_code == 200
+        assert a.link.cluster is not None
+        a.link.cluster.fenced = True
+        r = await client.get(url)
+        assert r.status_code == 503 and "fenced" in r.text
+        a.link.cluster.fenced = False
+        assert (await client.get(url)).status_code == 200
