@@ -49,6 +49,7 @@ from harness.postgres import PostgresServer
 from harness.process import HarnessError, Process
 from harness.prometheus import PrometheusProcess, Receiver
 from harness.services import AgentProc, GatewayProc
+from harness.victoria import VictoriaMetrics
 from harness.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -65,6 +66,7 @@ class ClusterSpec:
     heartbeat_seconds: float = 0.5
     ttl_seconds: float = 3.0
     remote_write: bool = False  # a shared Receiver, every gateway writing to it
+    victoria: bool = False  # VictoriaMetrics instead (single node, /api/v1/write)
     scrape: bool = False  # a Prometheus scraping every gateway's /metrics every second
 
 
@@ -79,6 +81,7 @@ class Cluster:
     fleet: SimulatedFleet | None = None
     agents: dict[str, AgentProc] = field(default_factory=dict)
     receiver: Receiver | None = None
+    victoria: VictoriaMetrics | None = None
     prometheus: PrometheusProcess | None = None
     started: float = 0.0
 
@@ -140,7 +143,7 @@ class Cluster:
     def logs(self, lines: int = 30) -> str:
         procs: list[Process | None] = [
             *self.gateways.values(), self.lb, self.fleet, *self.agents.values(),
-            self.receiver, self.prometheus, self.postgres.server,
+            self.receiver, self.victoria, self.prometheus, self.postgres.server,
         ]  # fmt: skip
         return "\n".join(_tail(p, lines) for p in procs if p is not None)
 
@@ -161,6 +164,9 @@ class Cluster:
             self.receiver = Receiver(prometheus_bin, _dir(tmp / "receiver"))
             self.receiver.start()
             wait_until(self.receiver.ready, 60, "the receiver ready")
+        if spec.victoria:
+            self.victoria = VictoriaMetrics(_dir(tmp / "victoria"))
+            self.victoria.start()
         token = tmp / "peer.token"
         token.write_text(PEER_TOKEN + "\n")
         for k in range(spec.gateways):
@@ -175,6 +181,7 @@ class Cluster:
                 ttl_seconds=spec.ttl_seconds,
             )
             url = self.receiver.url if self.receiver is not None else ""
+            url = self.victoria.url if self.victoria is not None else url
             self.gateways[gid] = GatewayProc(self.pki, _dir(tmp / gid), url, cluster=cluster)
         for gw in self.gateways.values():
             gw.start()
@@ -259,7 +266,7 @@ class Cluster:
         others running."""
         procs: list[Process | None] = [
             self.fleet, *self.agents.values(), self.lb, self.prometheus,
-            *self.gateways.values(), self.receiver,
+            *self.gateways.values(), self.receiver, self.victoria,
         ]  # fmt: skip
         for proc in procs:
             if proc is not None:
