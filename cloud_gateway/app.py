@@ -153,6 +153,7 @@ class Gateway:
             environ=os.environ,
             let_go=lambda reason, node: self.ssh.let_go(reason, node) if self.ssh else 0,
             clock=clock,
+            endpoints=self.endpoints,
         )
         self.http.directory = self.link
         self.peer_runner: web.AppRunner | None = None

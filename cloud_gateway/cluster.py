@@ -106,6 +106,8 @@ class Cluster:
         self._last_ok_sent: float | None = None  # when the last successful heartbeat left
         self._seen: dict[str, float] = {}
         self._heard: dict[str, tuple[int, str]] = {}  # node -> newest (epoch, owner) notified
+        self._published: dict[str, tuple[str, ...]] = {}  # as last written, owned nodes
+        self.via: dict[str, str] = {}  # a published endpoint's name -> its tunnel node
         self._last_refresh = -float("inf")
         self._pending: set[asyncio.Task[None]] = set()
         directory.on_claim = self._notified
@@ -334,16 +336,38 @@ class Cluster:
             return
         self.entries = {e.node: e for e in entries}
         self._last_refresh = now
+        self.via = {
+            target.rpartition(":")[0]: e.node
+            for e in entries
+            if e.connected
+            for target in e.published
+        }
         for node in list(self.owned):  # a claim we did not hear of (listener down)
             entry = self.entries.get(node)
             if entry is not None:
                 self._lose_if_newer(node, entry.gateway, entry.epoch)
 
+    async def publish(self, published: dict[str, tuple[str, ...]]) -> None:
+        """Owned nodes' published endpoints, written when they changed (on the tick)."""
+        for node, targets in published.items():
+            epoch = self.owned.get(node)
+            if epoch is None or self._published.get(node) == targets:
+                continue
+            try:
+                await self.directory.publish(node, epoch, targets)
+            except DirectoryError as exc:
+                self.stats.directory_errors["publish"] += 1
+                log.warning("cluster: could not write node %s's endpoints: %s", node, exc)
+                return
+            self._published[node] = targets
+        for node in [n for n in self._published if n not in self.owned]:
+            del self._published[node]
+
     def owner_of(self, node: str) -> Member | None:
         """The live member that owns ``node`` by the fleet view (None: nobody alive)."""
         if node in self.owned:
             return next((m for m in self.members if m.id == self.gateway), None)
-        entry = self.entries.get(node)
+        entry = self.entries.get(node) or self.entries.get(self.via.get(node, ""))
         if entry is None or not entry.connected:
             return None
         member = next((m for m in self.members if m.id == entry.gateway), None)

@@ -109,6 +109,9 @@ class NodeEntry:
     facts: NodeFacts
     connected: bool  # claimed and not released since
     last_disconnect_reason: str = ""
+    # NAME:PORT endpoints the node publishes through its tunnel (its own exporter, its
+    # siblings'), as its owner last wrote them: /api/v1/sd on every gateway lists them
+    published: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.cluster import ClaimRefused, Cluster
 from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.directory import Directory, DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.registry import Registry
 from cloud_gateway.registry_types import Liveness
 from gpurelay.wire import Hello
@@ -53,10 +54,12 @@ class DirectoryLink:
         environ: Mapping[str, str],
         let_go: Callable[[str, str | None], int],
         clock: Callable[[], float] = time.time,
+        endpoints: EndpointTable | None = None,
     ) -> None:
         """``let_go(reason, node)``: GOODBYE to ``node``'s agent (every agent: None)."""
         self.cfg = cfg
         self.registry = registry
+        self.endpoints = endpoints  # what nodes publish, written for the whole cluster
         self.gateway = cfg.resolved_gateway_id()
         self._let_go = let_go
         self._clock = clock
@@ -204,6 +207,11 @@ class DirectoryLink:
         if self.cluster is not None:
             for node, when in seen.items():
                 self.cluster.seen(node, when)
+            if self.endpoints is not None:
+                endpoints = self.endpoints
+                await self.cluster.publish(
+                    {n: tuple(e.target for e in endpoints.published_via(n)) for n in seen}
+                )
             await self.cluster.tick()
         elif self.directory is not None:
             try:

@@ -43,6 +43,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " facts jsonb NOT NULL,"
         " connected boolean NOT NULL,"
         " last_disconnect_reason text NOT NULL DEFAULT '',"
+        " published text[] NOT NULL DEFAULT '{}',"
         " previous_gateway text)",  # the owner before the last claim (RETURNed by it)
         "CREATE INDEX gpurelay_nodes_gateway ON gpurelay_nodes (gateway)",
         # heartbeat and started are the database's clock: the members' clocks may differ
@@ -70,7 +71,8 @@ WITH upsert AS (
     ON CONFLICT (name) DO UPDATE SET
         previous_gateway = gpurelay_nodes.gateway,
         gateway = EXCLUDED.gateway, epoch = gpurelay_nodes.epoch + 1,
-        last_seen = EXCLUDED.last_seen, facts = EXCLUDED.facts, connected = true
+        last_seen = EXCLUDED.last_seen, facts = EXCLUDED.facts, connected = true,
+        published = '{{}}'
     RETURNING epoch, previous_gateway
 )
 SELECT epoch, previous_gateway AS previous,
@@ -283,10 +285,30 @@ class PostgresDirectory:
         members: list[Member] = await self._run("reading the gateways", run)
         return members
 
+    async def publish(self, node: str, epoch: int, targets: Sequence[str]) -> bool:
+        """The node's published endpoints, while this gateway still holds ``epoch``."""
+
+        async def run(conn: asyncpg.Connection) -> bool:
+            # notified like a claim (same epoch), so the others re-read the fleet now
+            row = await conn.fetchrow(
+                "WITH u AS (UPDATE gpurelay_nodes SET published = $1"
+                " WHERE name = $2 AND gateway = $3 AND epoch = $4 RETURNING epoch)"
+                f" SELECT pg_notify('{CHANNEL}', json_build_object('node', $2::text,"
+                " 'gateway', $3::text, 'epoch', u.epoch)::text) FROM u",
+                list(targets),
+                node,
+                self.gateway,
+                epoch,
+            )
+            return row is not None
+
+        done: bool = await self._run(f"writing node {node!r}'s published endpoints", run)
+        return done
+
     async def entries(self) -> Sequence[NodeEntry]:
         async def run(conn: asyncpg.Connection) -> list[NodeEntry]:
             rows = await conn.fetch(
-                f"SELECT {_COLUMNS.replace('facts', 'facts::text AS facts')}"
+                f"SELECT {_COLUMNS.replace('facts', 'facts::text AS facts')}, published"
                 " FROM gpurelay_nodes ORDER BY name"
             )
             return [_entry(row) for row in rows]
@@ -355,6 +377,7 @@ def _entry(row: Mapping[str, Any]) -> NodeEntry:
         facts=facts,
         connected=bool(row["connected"]),
         last_disconnect_reason=row["last_disconnect_reason"],
+        published=tuple(row["published"]),
     )
 
 

@@ -4,6 +4,7 @@ and of the gateways themselves (``/api/v1/gateways``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from cloud_gateway.directory import NodeEntry
@@ -73,4 +74,27 @@ def metrics_targets(
             if shards > 1:  # shard: the N targets of one gateway differ in their labels
                 labels |= {"__param_shard": str(k), "__param_shards": str(shards), "shard": str(k)}
             groups.append({"targets": [address], "labels": labels})
+    return groups
+
+
+def sd_groups_elsewhere(
+    elsewhere: Iterable[tuple[NodeEntry, Member | None]],
+) -> list[dict[str, Any]]:
+    """http_sd target groups of the endpoints that nodes on other live gateways publish,
+    as their owners wrote them to the directory (the same labels as a held node's)."""
+    groups: list[dict[str, Any]] = []
+    for entry, owner in elsewhere:
+        if owner is None or not entry.connected:
+            continue  # offline, or its gateway is gone: not a target anywhere
+        facts = entry.facts
+        for target in entry.published:
+            name = target.rpartition(":")[0]
+            labels = {
+                "node": name,
+                "via": entry.node,
+                "domain": facts.domain or entry.node,
+                "agent_version": facts.agent_version,
+                "gpu_count": str(len(facts.gpus)) if name == entry.node else "0",
+            }
+            groups.append({"targets": [target], "labels": labels})
     return groups

@@ -29,7 +29,12 @@ from yarl import URL
 from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Body, Exposition, bie_document
-from cloud_gateway.fleet_documents import entry_document, gateway_document, metrics_targets
+from cloud_gateway.fleet_documents import (
+    entry_document,
+    gateway_document,
+    metrics_targets,
+    sd_groups_elsewhere,
+)
 from cloud_gateway.http_listener import ConnectionGuard, Throttled
 from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
@@ -258,7 +263,7 @@ async def service_discovery(request: web.Request) -> web.Response:
     """Prometheus http_sd: one target group per published endpoint of every online node."""
     state = request.app[STATE]
     now = state.clock()
-    groups = []
+    groups: list[dict[str, Any]] = []
     for view in state.registry.nodes(now):
         if view.state == "offline":
             continue
@@ -275,6 +280,9 @@ async def service_discovery(request: web.Request) -> web.Response:
                     },
                 }
             )
+    if state.directory is not None:
+        groups += sd_groups_elsewhere(state.directory.elsewhere())
+    groups.sort(key=lambda g: g["targets"][0])
     return web.json_response(groups)
 
 

@@ -91,6 +91,29 @@ async def test_two_gateways_answer_for_the_fleet_and_a_moved_node_is_let_go(
             r = await client.get(f"http://127.0.0.1:{b.http_port}/api/v1/gateways", headers=AUTH)
             gws = {g["id"]: g for g in r.json()["gateways"]}
             assert set(gws) == {"gw-a", "gw-b"} and gws["gw-a"]["alive"] and gws["gw-b"]["this"]
+            # discovered on either: the endpoints a node publishes, as its owner wrote them
+            own = f"edge-1:{agent.port}"
+
+            async def sd(gw: Gateway) -> list[dict[str, object]]:
+                url = f"http://127.0.0.1:{gw.http_port}/api/v1/sd"
+                r = await client.get(url, headers=AUTH)
+                r.raise_for_status()
+                groups: list[dict[str, object]] = r.json()
+                return groups
+
+            async def b_discovers_it() -> bool:
+                return any(g["targets"] == [own] for g in await sd(b))
+
+            await wait_for(b_discovers_it, timeout=10)
+            assert await sd(a) == await sd(b)
+            [group] = [g for g in await sd(b) if g["targets"] == [own]]
+            assert group["labels"] == {
+                "node": "edge-1",
+                "via": "edge-1",
+                "domain": "edge-1",
+                "agent_version": on_a["agent_version"],
+                "gpu_count": "1",
+            }
             # a scrape through b takes one hop to a
             r = await client.get(
                 f"http://127.0.0.1:{b.http_port}/proxy/edge-1/{agent.port}/metrics", headers=AUTH
