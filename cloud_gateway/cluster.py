@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
@@ -47,14 +47,29 @@ SHED_PER_SECOND = 2.0  # agents a gateway above its fair share lets go, per seco
 SHED_SLACK = 2  # nodes above the fair share before shedding starts (at least)
 
 
-def to_shed(owned: int, total: int, live: int, *, per_tick: int, slack: int = SHED_SLACK) -> int:
+def to_shed(
+    owned: int,
+    total: int,
+    live: int,
+    *,
+    per_tick: int,
+    slack: int = SHED_SLACK,
+    lightest: int | None = None,
+) -> int:
     """How many of its ``owned`` nodes a gateway lets go this tick: what it holds above
     its fair share of the ``total`` owned by the ``live`` gateways (``ceil(total / live)``
-    plus ``slack``, or 5 % of the share when more), at most ``per_tick``."""
+    plus ``slack``, or 5 % of the share when more), at most ``per_tick``.
+
+    While a live gateway holds fewer than the share less the slack (``lightest``: the
+    fewest any other holds; one that just joined), down to the share itself: else the
+    slack of every old gateway adds up, and a newcomer to a small fleet stays nearly
+    empty (3 x 11 nodes, a fourth gateway joins: it took none; now 6)."""
     if live <= 1 or owned <= 0:
         return 0
     fair = -(-total // live)
-    return max(0, min(per_tick, owned - fair - max(slack, fair // 20)))
+    slack = max(slack, fair // 20)
+    keep = fair if lightest is not None and lightest < fair - slack else fair + slack
+    return max(0, min(per_tick, owned - keep))
 
 
 class ClaimRefused(Exception):
@@ -103,6 +118,9 @@ class Cluster:
         self.leader = False
         self.http = ""  # host:port of this gateway's /metrics, for the others' http_sd
         self._over = 0  # heartbeats in a row above the fair share
+        # the fleet's size at the last heartbeats (a ttl's worth): the largest is its size
+        # while agents are between a GOODBYE and their claim elsewhere, counted nowhere
+        self._totals: deque[int] = deque(maxlen=max(2, round(ttl_seconds / heartbeat_seconds)))
         self._last_ok_sent: float | None = None  # when the last successful heartbeat left
         self._seen: dict[str, float] = {}
         self._heard: dict[str, tuple[int, str]] = {}  # node -> newest (epoch, owner) notified
@@ -252,9 +270,13 @@ class Cluster:
         if self._on_shed is None:
             return
         live = [m for m in self.members if m.alive(self.ttl_seconds)]
-        total = sum(m.nodes for m in live if m.id != self.gateway) + len(self.owned)
+        others = [m.nodes for m in live if m.id != self.gateway]
+        self._totals.append(sum(others) + len(self.owned))
+        total = max(self._totals)  # not below the share for the agents in flight
         per_tick = max(1, round(SHED_PER_SECOND * self.heartbeat_seconds))
-        count = to_shed(len(self.owned), total, len(live), per_tick=per_tick)
+        count = to_shed(
+            len(self.owned), total, len(live), per_tick=per_tick, lightest=min(others, default=None)
+        )
         self._over = self._over + 1 if count else 0
         if self._over >= 2:  # two heartbeats in a row: not the others' counts lagging
             nodes = list(self.owned)[:count]  # the longest held (claim order): not newcomers

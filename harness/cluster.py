@@ -68,6 +68,7 @@ class ClusterSpec:
     remote_write: bool = False  # a shared Receiver, every gateway writing to it
     victoria: bool = False  # VictoriaMetrics instead (single node, /api/v1/write)
     scrape: bool = False  # a Prometheus scraping every gateway's /metrics every second
+    joining: int = 0  # gateways started later (Cluster.join): haproxy spares, scraped too
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Cluster:
     pki: Pki
     postgres: PostgresServer
     gateways: dict[str, GatewayProc] = field(default_factory=dict)
+    joining: dict[str, GatewayProc] = field(default_factory=dict)  # not started yet
     lb: Haproxy | None = None
     fleet: SimulatedFleet | None = None
     agents: dict[str, AgentProc] = field(default_factory=dict)
@@ -169,7 +171,7 @@ class Cluster:
             self.victoria.start()
         token = tmp / "peer.token"
         token.write_text(PEER_TOKEN + "\n")
-        for k in range(spec.gateways):
+        for k in range(spec.gateways + spec.joining):
             gid = f"gw-{string.ascii_lowercase[k]}"
             (peer,) = free_ports(1)
             cluster = ClusterSection(
@@ -182,7 +184,8 @@ class Cluster:
             )
             url = self.receiver.url if self.receiver is not None else ""
             url = self.victoria.url if self.victoria is not None else url
-            self.gateways[gid] = GatewayProc(self.pki, _dir(tmp / gid), url, cluster=cluster)
+            gw = GatewayProc(self.pki, _dir(tmp / gid), url, cluster=cluster)
+            (self.gateways if k < spec.gateways else self.joining)[gid] = gw
         for gw in self.gateways.values():
             gw.start()
         for gw in self.gateways.values():
@@ -195,7 +198,9 @@ class Cluster:
             self.prometheus.start()
             wait_until(self.prometheus.ready, 60, "prometheus ready")
         backends = [(gid, gw.ssh_port) for gid, gw in self.gateways.items()]
-        self.lb = Haproxy(_dir(tmp / "haproxy"), backends, binary=haproxy_bin)
+        self.lb = Haproxy(
+            _dir(tmp / "haproxy"), backends, spare=list(self.joining), binary=haproxy_bin
+        )
         self.lb.start()
         for k in range(spec.real):
             self.add_agent(f"edge-real-{k}")
@@ -215,6 +220,18 @@ class Cluster:
         agent.start()
         return agent
 
+    def join(self) -> str:
+        """The next joining gateway started, ready, and added to haproxy (its spare server
+        made ready: agents reconnecting from now on may land on it); its id."""
+        assert self.lb is not None and self.joining, "ClusterSpec(joining=...) has none left"
+        gid = next(iter(self.joining))
+        gw = self.joining.pop(gid)
+        self.gateways[gid] = gw
+        gw.start()
+        wait_until(gw.ready, 60, f"{gid} ready", alive=[gw])
+        self.lb.add(gid, gw.ssh_port)
+        return gid
+
     def _database(self) -> str:
         self.postgres.start()
         return self.postgres.dsn
@@ -228,7 +245,7 @@ class Cluster:
             "  - job_name: gateways",
             "    static_configs:",
         ]
-        for gid, gw in self.gateways.items():
+        for gid, gw in {**self.gateways, **self.joining}.items():
             lines += [
                 f"      - targets: ['127.0.0.1:{gw.http_port}']",
                 f"        labels: {{scraped_from: '{gid}'}}",
