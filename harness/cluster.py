@@ -63,6 +63,8 @@ class ClusterSpec:
     simulated: int = 30  # tunnels in the worker process
     real: int = 4  # agent binaries (spool, every collection checked in the receiver)
     interval: float = 1.0  # the simulated agents' period (the real ones collect every 1 s)
+    backoff_initial: float = 0.2  # the simulated agents' backoff (after a lost session they
+    backoff_max: float = 2.0  # pause uniformly in 0..10 x backoff_initial)
     heartbeat_seconds: float = 0.5
     ttl_seconds: float = 3.0
     remote_write: bool = False  # a shared Receiver, every gateway writing to it
@@ -350,6 +352,7 @@ class SimulatedFleet(Process):
                     "port": port,
                     "known_hosts": str(pki.ca.known_hosts),
                     "interval": spec.interval,
+                    "backoff": [spec.backoff_initial, spec.backoff_max],
                     "status": str(self.status_file),
                     "nodes": nodes,
                 }
@@ -386,8 +389,8 @@ async def _fleet(spec: dict[str, Any]) -> None:
             key=Path(node["key"]),
             certificate=Path(node["cert"]),
             connect_timeout_seconds=5.0,
-            backoff_initial_seconds=0.2,
-            backoff_max_seconds=2.0,
+            backoff_initial_seconds=float(spec["backoff"][0]),
+            backoff_max_seconds=float(spec["backoff"][1]),
         )
         hello = Hello(
             agent_version=__version__, node=name, domain=name, backend="simulated",
