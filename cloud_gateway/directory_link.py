@@ -257,7 +257,7 @@ class DirectoryLink:
     def elsewhere(self) -> list[tuple[NodeEntry, Member | None]]:
         """Nodes of the fleet not in this gateway's registry, with their owner when it is
         alive (the cluster), or the inventory's offline nodes (one gateway)."""
-        local = {v.name for v in self.registry.nodes(self._clock())}
+        local = self.registry.states(self._clock())  # names held here (no full views)
         if self.cluster is None:
             return [(e, None) for n, e in sorted(self.inventory.items()) if n not in local]
         members = {m.id: m for m in self.cluster.members}

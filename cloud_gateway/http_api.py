@@ -247,16 +247,9 @@ async def forward_proxy(request: web.Request) -> web.StreamResponse:
 
 
 async def path_proxy(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    node = request.match_info["node"]
-    port_text = request.match_info["port"]
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        return web.Response(status=400, text=f"port {port_text!r} is not a number 1..65535\n")
-    path = "/" + request.match_info["path"]
-    if request.query_string:
-        path += "?" + request.query_string
-    assert state.proxy is not None
-    return await state.proxy.relay(request, node, int(port_text), path)
+    proxy = request.app[STATE].proxy
+    assert proxy is not None
+    return await proxy.relay_path_form(request)
 
 
 async def service_discovery(request: web.Request) -> web.Response:

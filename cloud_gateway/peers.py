@@ -124,15 +124,7 @@ def peer_app(proxy: Proxy, token: str) -> web.Application:
             presented.strip().encode(), token.encode()
         ):
             return web.Response(status=401, text="peer token missing or wrong\n")
-        port_text = request.match_info["port"]
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            return web.Response(status=400, text=f"port {port_text!r} is not a number 1..65535\n")
-        path = "/" + request.match_info["path"]
-        if request.query_string:
-            path += "?" + request.query_string
-        return await proxy.relay(
-            request, request.match_info["node"], int(port_text), path, hop=False
-        )
+        return await proxy.relay_path_form(request, hop=False)  # one hop, never two
 
     app = web.Application()
     app.router.add_route("*", PEER_PREFIX + "/{node}/{port}/{path:.*}", relay)

@@ -177,6 +177,20 @@ class Proxy:
         self.self_metrics.observe_proxy(status, time.monotonic() - started)
         return response
 
+    async def relay_path_form(
+        self, request: web.Request, *, hop: bool = True
+    ) -> web.StreamResponse:
+        """A request of a ``{node}/{port}/{path}`` route (``/proxy/...``, and the peer
+        listener's): 400 for a port that is not 1..65535, else :meth:`relay`."""
+        port_text = request.match_info["port"]
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            return web.Response(status=400, text=f"port {port_text!r} is not a number 1..65535\n")
+        path = "/" + request.match_info["path"]
+        if request.query_string:
+            path += "?" + request.query_string
+        node = request.match_info["node"]
+        return await self.relay(request, node, int(port_text), path, hop=hop)
+
     def _owner(self, exc: ProxyError, node: str) -> tuple[str, str] | None:
         """Another gateway that owns ``node``, when this one does not have it."""
         if self.peers is None or exc.status not in (404, 503):

@@ -53,6 +53,18 @@ def find_bindir() -> Path | None:
     return None
 
 
+async def create_database(dsn: str, name: str) -> str:
+    """Create database ``name`` on the server of ``dsn``; the DSN that reaches it."""
+    import asyncpg
+
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
 class _Server(Process):
     """The postmaster in the foreground (so kill -9 reaches it), as ``user`` when given."""
 
@@ -75,18 +87,7 @@ class _Server(Process):
                 start_new_session=True,
             )
 
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """Fast shutdown (SIGINT: clients are disconnected), SIGKILL if it hangs."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
+    stop_signal = signal.SIGINT  # PostgreSQL's fast shutdown: clients are disconnected
 
 
 class PostgresServer:

@@ -89,13 +89,15 @@ class Process:
         cpu = (utime + stime) / os.sysconf("SC_CLK_TCK")
         return ProcSample(cpu, memory["VmRSS"], memory["VmHWM"])
 
+    stop_signal = signal.SIGTERM  # what asks this process to stop cleanly
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
-        """SIGTERM, wait up to ``timeout``, SIGKILL if it hangs; the exit status (None: never
-        started)."""
+        """``stop_signal``, wait up to ``timeout``, SIGKILL if it hangs; the exit status
+        (None: never started)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(self.stop_signal)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -95,19 +96,43 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
 
 
-@pytest.fixture(scope="session")
-def postgres_dsn() -> Iterator[str]:
-    """A throwaway PostgreSQL server (harness.postgres) for the session; skips without
-    Debian's `postgresql`, or fails instead when CI sets EDGE_GPU_RELAY_REQUIRE_POSTGRES=1."""
-    from harness.postgres import PostgresServer, find_bindir
+def _require_postgres() -> None:
+    """Skips without Debian's `postgresql`, fails instead when CI sets
+    EDGE_GPU_RELAY_REQUIRE_POSTGRES=1."""
+    from harness.postgres import find_bindir
 
     if find_bindir() is None:
         msg = "PostgreSQL's initdb not found (Debian package `postgresql`)"
         if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_POSTGRES=1 makes this a failure")
         pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def postgres_bin() -> None:
+    """PostgreSQL is installed (tests that start their own server, harness.cluster)."""
+    _require_postgres()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A throwaway PostgreSQL server (harness.postgres) for the session."""
+    from harness.postgres import PostgresServer
+
+    _require_postgres()
     with PostgresServer.find().running() as dsn:
         yield dsn
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+async def pg_database(postgres_dsn: str) -> str:
+    """A fresh database on the session's PostgreSQL server: its DSN."""
+    from harness.postgres import create_database
+
+    return await create_database(postgres_dsn, f"test_{next(_databases)}")
 
 
 def _required_binary(found: Path | None, what: str, variable: str) -> Path:

@@ -9,7 +9,6 @@ and 2 real agents; bounds are wide and the measured figures printed."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,18 +21,6 @@ from harness.waiting import wait_until
 HEARTBEAT = 1.0
 TTL = 8.0
 HEALED_WITHIN = 60.0  # PostgreSQL started again to every node online on a gateway
-
-
-@pytest.fixture
-def postgres_bin() -> None:
-    """Skips without Debian's `postgresql`, fails instead when CI requires it."""
-    from harness.postgres import find_bindir
-
-    if find_bindir() is None:
-        msg = "PostgreSQL's initdb not found (Debian package `postgresql`)"
-        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_POSTGRES=1 makes this a failure")
-        pytest.skip(msg)
 
 
 @pytest.fixture

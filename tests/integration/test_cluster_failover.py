@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -34,18 +33,6 @@ FRESH_WITHIN = 40.0  # kill -9 to a batch after the kill from every one of those
 SETTLE = 90.0  # start to every node listed online everywhere
 HELD_GAP = 2.5  # s between two scrapes of one gateway that both hold a series: held throughout
 DEVICE_SERIES = "DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_POWER_USAGE"
-
-
-@pytest.fixture(scope="module")
-def postgres_bin() -> None:
-    """Skips without Debian's `postgresql`, fails instead when CI requires it."""
-    from harness.postgres import find_bindir
-
-    if find_bindir() is None:
-        msg = "PostgreSQL's initdb not found (Debian package `postgresql`)"
-        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_POSTGRES=1 makes this a failure")
-        pytest.skip(msg)
 
 
 @pytest.fixture

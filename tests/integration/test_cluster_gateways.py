@@ -5,8 +5,6 @@ that moves is let go at once by its old gateway (its series leave that /metrics)
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -27,18 +25,11 @@ from harness.fleet import (
 from harness.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-_dbs = itertools.count()
 
 
 @pytest.fixture
-async def database(postgres_dsn: str) -> AsyncIterator[str]:
-    import asyncpg
-
-    name = f"gateways_{next(_dbs)}"
-    admin = await asyncpg.connect(postgres_dsn)
-    await admin.execute(f"CREATE DATABASE {name}")
-    await admin.close()
-    yield postgres_dsn.rsplit("/", 1)[0] + f"/{name}"
+def database(pg_database: str) -> str:
+    return pg_database
 
 
 def member(pki: Pki, dsn: str, gateway_id: str, token_file: Path) -> GatewayConfig:

@@ -11,7 +11,6 @@ the assertion messages.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -34,18 +33,6 @@ POLL = 0.2  # s between two reads of the owners
 # each for the edges of a 1 s window and reconnects that arrive together
 BUSIEST_FROM_ONE = SHED_PER_SECOND + 1
 BUSIEST_AT_MOST = 3 * BUSIEST_FROM_ONE
-
-
-@pytest.fixture(scope="module")
-def postgres_bin() -> None:
-    """Skips without Debian's `postgresql`, fails instead when CI requires it."""
-    from harness.postgres import find_bindir
-
-    if find_bindir() is None:
-        msg = "PostgreSQL's initdb not found (Debian package `postgresql`)"
-        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_POSTGRES=1 makes this a failure")
-        pytest.skip(msg)
 
 
 @pytest.fixture

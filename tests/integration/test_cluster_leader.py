@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from cloud_gateway.cluster import Cluster
 from cloud_gateway.directory_pg import PostgresDirectory
 from cloud_gateway.gateway_metrics import cluster_families
-from tests.integration.test_cluster_membership import FACTS, Member, _database
+from tests.integration.test_cluster_membership import FACTS, Member
 
 
 @pytest.fixture
-async def dsn(postgres_dsn: str) -> AsyncIterator[str]:
-    yield await _database(postgres_dsn)
+def dsn(pg_database: str) -> str:
+    return pg_database
 
 
 async def _dead_gateway(dsn: str, node: str) -> None:

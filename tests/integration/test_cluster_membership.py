@@ -5,8 +5,6 @@ the others could take its nodes, and heals when the directory is back."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,6 @@ from cloud_gateway.directory import NodeFacts
 from cloud_gateway.directory_pg import PostgresDirectory
 from harness.postgres import PostgresServer
 
-_dbs = itertools.count()
 FACTS = NodeFacts(agent_version="1.0", hostname="edge", backend="simulated")
 
 
@@ -26,18 +23,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-async def _database(dsn: str) -> str:
-    import asyncpg
-
-    name = f"cluster_{next(_dbs)}"
-    admin = await asyncpg.connect(dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    return dsn.rsplit("/", 1)[0] + f"/{name}"
 
 
 class Member:
@@ -66,8 +51,8 @@ class Member:
 
 
 @pytest.fixture
-async def dsn(postgres_dsn: str) -> AsyncIterator[str]:
-    yield await _database(postgres_dsn)
+def dsn(pg_database: str) -> str:
+    return pg_database
 
 
 async def test_a_newer_claim_on_another_gateway_takes_the_node_away(dsn: str) -> None:

@@ -4,10 +4,8 @@ and the union of every gateway's shards holds each series once."""
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -19,18 +17,10 @@ from harness.waiting import wait_for
 from tests.integration.test_cluster_gateways import AUTH, member
 from tests.integration.test_cluster_membership import FACTS
 
-_dbs = itertools.count()
-
 
 @pytest.fixture
-async def dsn(postgres_dsn: str) -> AsyncIterator[str]:
-    import asyncpg
-
-    name = f"metrics_sd_{next(_dbs)}"
-    admin = await asyncpg.connect(postgres_dsn)
-    await admin.execute(f"CREATE DATABASE {name}")
-    await admin.close()
-    yield postgres_dsn.rsplit("/", 1)[0] + f"/{name}"
+def dsn(pg_database: str) -> str:
+    return pg_database
 
 
 async def _dead_gateway(dsn: str, node: str) -> None:

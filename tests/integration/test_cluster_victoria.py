@@ -10,7 +10,6 @@ killed gateway (4-5 replayed), none elsewhere, no gap."""
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -28,14 +27,9 @@ UNACKED_BATCHES = 6
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, haproxy_bin: Path, victoria_bin: Path) -> Iterator[Cluster]:
-    from harness.postgres import find_bindir
-
-    if find_bindir() is None:
-        msg = "PostgreSQL's initdb not found (Debian package `postgresql`)"
-        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_POSTGRES=1 makes this a failure")
-        pytest.skip(msg)
+def cluster(
+    tmp_path: Path, postgres_bin: None, haproxy_bin: Path, victoria_bin: Path
+) -> Iterator[Cluster]:
     spec = ClusterSpec(simulated=12, real=4, victoria=True)
     with running_cluster(tmp_path, spec, haproxy_bin=haproxy_bin) as c:
         try:

@@ -43,6 +43,8 @@ def facts(version: str = "1.0", serial: int | None = 7) -> NodeFacts:
 
 
 Make = Callable[[str], Directory]  # a store for the gateway with this id
+
+
 _databases = itertools.count()
 
 
@@ -52,16 +54,12 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
     if request.param == "sqlite":
         yield lambda gateway: SqliteDirectory(tmp_path / "nodes.db", gateway=gateway)
         return
-    import asyncpg
+    from harness.postgres import create_database
 
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    name = f"directory_{next(_databases)}"
-    admin = await asyncpg.connect(dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    yield lambda gateway: PostgresDirectory(dsn.rsplit("/", 1)[0] + f"/{name}", gateway=gateway)
+    # postgres_dsn, not pg_database: an async fixture cannot be asked for from here
+    server: str = request.getfixturevalue("postgres_dsn")
+    dsn = await create_database(server, f"directory_{next(_databases)}")
+    yield lambda gateway: PostgresDirectory(dsn, gateway=gateway)
 
 
 async def test_the_inventory_survives_a_restart(make: Make) -> None:
@@ -202,13 +200,9 @@ async def test_a_damaged_row_names_the_node(tmp_path: Path) -> None:
     await d.close()
 
 
-async def test_postgres_notifies_the_previous_owner_of_a_claim(postgres_dsn: str) -> None:
-    import asyncpg
+async def test_postgres_notifies_the_previous_owner_of_a_claim(pg_database: str) -> None:
 
-    admin = await asyncpg.connect(postgres_dsn)
-    await admin.execute("CREATE DATABASE directory_notify")
-    await admin.close()
-    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_notify"
+    dsn = pg_database
     heard: list[tuple[str, str, int]] = []
     got = asyncio.Event()
 
@@ -231,15 +225,11 @@ async def test_postgres_notifies_the_previous_owner_of_a_claim(postgres_dsn: str
 
 
 async def test_postgres_claims_of_one_node_from_many_gateways_at_once_are_serialised(
-    postgres_dsn: str,
+    pg_database: str,
 ) -> None:
     """Every claim gets its own epoch: no two gateways can both believe they own it."""
-    import asyncpg
 
-    admin = await asyncpg.connect(postgres_dsn)
-    await admin.execute("CREATE DATABASE directory_race")
-    await admin.close()
-    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_race"
+    dsn = pg_database
     stores = [PostgresDirectory(dsn, gateway=f"gw-{k}") for k in range(6)]
     await asyncio.gather(*(s.open() for s in stores))  # six gateways migrating at once
     claims = await asyncio.gather(
@@ -265,13 +255,10 @@ async def test_postgres_unreachable_is_a_clear_error_without_the_password() -> N
     await d.close()
 
 
-async def test_postgres_schema_from_a_newer_gateway_is_refused(postgres_dsn: str) -> None:
+async def test_postgres_schema_from_a_newer_gateway_is_refused(pg_database: str) -> None:
     import asyncpg
 
-    admin = await asyncpg.connect(postgres_dsn)
-    await admin.execute("CREATE DATABASE directory_future")
-    await admin.close()
-    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_future"
+    dsn = pg_database
     conn = await asyncpg.connect(dsn)
     await conn.execute("CREATE TABLE gpurelay_schema (version int NOT NULL)")
     await conn.execute("INSERT INTO gpurelay_schema VALUES (1), (2)")
@@ -282,13 +269,10 @@ async def test_postgres_schema_from_a_newer_gateway_is_refused(postgres_dsn: str
     await d.close()
 
 
-async def test_postgres_members_heartbeat_by_the_databases_clock(postgres_dsn: str) -> None:
+async def test_postgres_members_heartbeat_by_the_databases_clock(pg_database: str) -> None:
     import asyncpg
 
-    admin = await asyncpg.connect(postgres_dsn)
-    await admin.execute("CREATE DATABASE directory_members")
-    await admin.close()
-    dsn = postgres_dsn.rsplit("/", 1)[0] + "/directory_members"
+    dsn = pg_database
     a = PostgresDirectory(dsn, gateway="gw-a")
     b = PostgresDirectory(dsn, gateway="gw-b")
     await a.open()
