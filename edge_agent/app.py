@@ -265,7 +265,7 @@ class Agent:
     async def startup(self) -> None:
         self.pipeline = build_pipeline(open_backend(self.cfg))
         self.pipeline.xid.start()
-        if self.cfg.gateway.address:
+        if self.cfg.gateway.gateways:
             # Before the first collection, so that every collection (the first one after a
             # restart included) carries the tunnel's and the spool's own series.
             self.tunnel = Tunnel(
@@ -307,7 +307,7 @@ class Agent:
             self.tunnel.submit(snapshot)
             self._tunnel_task = asyncio.create_task(self.tunnel.run(), name="tunnel")
         else:
-            log.info("no gateway.address configured: serving locally only, not pushing")
+            log.info("no gateway.address(es) configured: serving locally only, not pushing")
         notify("READY=1")
 
     def _outbox(self) -> Outbox:

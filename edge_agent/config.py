@@ -69,6 +69,10 @@ class TunnelConfig:
     """Where and how to push. An empty address means: serve locally only, do not push."""
 
     address: str = ""  # HOST:PORT of the gateway's SSH listener (default port 2222)
+    # Several gateways without a balancer (bare metal): HOST[:PORT] each, instead of address.
+    # Each agent starts at a place in the list given by its node name and goes round it
+    # (edge_agent.dial.Rotation); a failed dial moves on to the next address at once.
+    addresses: tuple[str, ...] = ()
     known_hosts: Path | None = None  # "@cert-authority * <host CA>" line(s) or a pinned key
     key: Path | None = None  # the node's private key
     certificate: Path | None = None  # default: <key>-cert.pub
@@ -103,14 +107,38 @@ class TunnelConfig:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        address = self.address if ":" in self.address else self.address + ":2222"
-        return split_host_port(address, "gateway.address")
+        return gateway_host_port(self.address, "gateway.address")
+
+    @property
+    def gateways(self) -> tuple[tuple[str, int], ...]:
+        """Every gateway address to dial, in the order configured; empty: do not push."""
+        if self.addresses:
+            return tuple(
+                gateway_host_port(a, f"gateway.addresses[{i}]")
+                for i, a in enumerate(self.addresses)
+            )
+        return (self.host_port,) if self.address else ()
 
     @property
     def certificate_path(self) -> Path | None:
         if self.certificate is not None:
             return self.certificate
         return None if self.key is None else self.key.with_name(self.key.name + "-cert.pub")
+
+
+DEFAULT_GATEWAY_PORT = 2222
+
+
+def gateway_host_port(value: str, key: str) -> tuple[str, int]:
+    """``HOST[:PORT]`` of a gateway (port 2222 unless given); a SettingsError naming ``key``."""
+    value = value.strip()
+    if not value or value.startswith(":"):
+        raise SettingsError(f"{key} {value!r} must look like HOST[:PORT]")
+    address = value if ":" in value else f"{value}:{DEFAULT_GATEWAY_PORT}"
+    host, port = split_host_port(address, key)
+    if not 1 <= port <= 65535:
+        raise SettingsError(f"{key} {value!r}: the port must be 1..65535")
+    return host, port
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,14 +328,30 @@ def _validate(cfg: AgentConfig) -> None:
             f"{MAX_HEARTBEAT_SECONDS:g}s), ack_delay_seconds)): the gateway is heard from "
             "about that often"
         )
-    if gw.address:
-        split_host_port(
-            gw.address if ":" in gw.address else gw.address + ":2222", "gateway.address"
+    _validate_gateway_addresses(gw)
+
+
+def _validate_gateway_addresses(gw: TunnelConfig) -> None:
+    if gw.address and gw.addresses:
+        raise ConfigError(
+            "gateway.address and gateway.addresses are both set: use address for one gateway "
+            "(or a balancer in front of several), addresses for a list of gateways to go "
+            "round, not both"
         )
+    gateways = gw.gateways  # each address parsed: a SettingsError names the bad one
+    seen: set[tuple[str, int]] = set()
+    for i, hp in enumerate(gateways):
+        if hp in seen:
+            raise ConfigError(
+                f"gateway.addresses[{i}] {gw.addresses[i]!r}: {hp[0]}:{hp[1]} is listed twice"
+            )
+        seen.add(hp)
+    if gateways:
+        key = "gateway.addresses" if gw.addresses else "gateway.address"
         missing = [
             n
             for n, v in (("gateway.key", gw.key), ("gateway.known_hosts", gw.known_hosts))
             if v is None
         ]
         if missing:
-            raise ConfigError(f"gateway.address is set, so {' and '.join(missing)} must be too")
+            raise ConfigError(f"{key} is set, so {' and '.join(missing)} must be too")

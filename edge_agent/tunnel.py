@@ -12,6 +12,11 @@ return in the same second, and a new backoff sequence starts. A dial that nobody
 (:mod:`edge_agent.dial`) is retried after a short pause instead, so data resumes within
 seconds of a silent path returning.
 
+With a list of gateways (``[gateway] addresses``, :class:`edge_agent.dial.Rotation`) a
+failed attempt moves on to the next address at once; the backoff applies to rounds, after
+every address failed in a row. A session that ended (the gateway that dropped it may be
+dying) dials the next address first, after the same jittered pause.
+
 Liveness is the protocol's: the agent asks the gateway in HELLO for a HEARTBEAT whenever
 it has sent nothing (no ACK) for an interval (5 s at most), and drops a session on which
 nothing at all arrived for ``silence_timeout_seconds`` (default 3 such periods + 5 s: 8 s
@@ -39,7 +44,7 @@ from tenacity import (
 )
 
 from edge_agent.config import TunnelConfig, heartbeat_seconds, silence_timeout
-from edge_agent.dial import PathSilent, dial
+from edge_agent.dial import PathSilent, Rotation, dial, show
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
@@ -84,6 +89,9 @@ class SessionEnded(Exception):  # not an error: what became of a session
     a crashed gateway, a dead link): the next connection starts a *new* backoff sequence,
     after the short jittered pause, instead of counting as one more failure of the last
     outage (issue 13: agents waited up to 60 s after a gateway's kill -9)."""
+
+
+RETRIED = (TunnelError, OSError, asyncssh.Error, WireError)  # a failed attempt: try again
 
 
 class Unanswered(TunnelError):
@@ -155,6 +163,8 @@ class Tunnel:
         )
         self.stats = TunnelStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
+        self._rotation = Rotation(cfg.gateways, node)
+        self._addresses = [show(a) for a in self._rotation.addresses]
 
     def metrics(self, sink: SampleSink) -> None:
         """The tunnel's own series, added to every collection."""
@@ -162,6 +172,9 @@ class Tunnel:
         for fam in TUNNEL_FAMILIES:
             sink.declare(fam)
         sink.add("gpurelay_agent_gateway_connected", (), 1.0 if st.connected else 0.0)
+        for address in self._addresses:  # one series per configured address
+            up = st.connected and st.address == address
+            sink.add("gpurelay_agent_gateway_address", (("address", address),), 1.0 if up else 0.0)
         sink.add("gpurelay_agent_gateway_connects_total", (), st.connects)
         for reason, n in sorted(st.failures.items()):
             sink.add("gpurelay_agent_gateway_failures_total", (("reason", reason),), n)
@@ -187,25 +200,72 @@ class Tunnel:
 
     async def run(self) -> None:
         """Connect, push, reconnect; until cancelled."""
-        host, port = self._cfg.host_port
         while True:
             retrying = AsyncRetrying(
                 wait=self._wait,
-                retry=retry_if_exception_type((TunnelError, OSError, asyncssh.Error, WireError)),
+                retry=retry_if_exception_type(RETRIED),
                 before_sleep=self._before_sleep,
                 sleep=self.sleep,
                 reraise=True,
             )
             try:
-                await retrying(self._attempt, host, port)
+                await retrying(self._round)
                 why = "the session ended"
-            except SessionEnded as ended:
-                why = f"the session ended: {ended}"
+            except SessionEnded as exc:
+                why = f"the session ended: {exc}"
             # An established session ended (gateway gone, restarting or crashed, or the link
-            # died): a fresh backoff sequence, after a pause that spreads the herd.
+            # died): a fresh backoff sequence, after a pause that spreads the herd; with a
+            # list, from the next gateway on (the one that dropped it may be dying).
+            ended = show(self._rotation.current)
+            if len(self._rotation) > 1:
+                self._rotation.advance()
             delay = random.uniform(0, 10 * self._cfg.backoff_initial_seconds)
-            self.log.info("%s; reconnecting to %s:%d in %.1fs", why, host, port, delay)
+            self.log.info(
+                "node %s: %s on gateway %s; reconnecting to %s in %.1fs",
+                self._node,
+                why,
+                ended,
+                show(self._rotation.current),
+                delay,
+            )
             await self.sleep(delay)
+
+    async def _round(self) -> None:
+        """Dial the gateway addresses in turn from the current one, moving on at once when
+        one fails; returns (or raises :class:`SessionEnded`) when a session that worked
+        ended. After every address failed, raises for the backoff: :class:`Unanswered`
+        when nobody answered anywhere, else the last other failure."""
+        count = len(self._rotation)
+        failures: list[BaseException] = []
+        for tried in range(1, count + 1):
+            host, port = self._rotation.current
+            if count > 1:
+                self.log.info(
+                    "node %s: dialling gateway %s:%d (%d of %d this round)",
+                    self._node,
+                    host,
+                    port,
+                    tried,
+                    count,
+                )
+            try:
+                await self._attempt(host, port)
+                return
+            except RETRIED as exc:
+                if count == 1:
+                    raise
+                failures.append(exc)
+                nxt = show(self._rotation.advance())
+                if tried < count:
+                    self.log.warning(
+                        "node %s: gateway %s:%d failed (%s); trying %s now",
+                        self._node,
+                        host,
+                        port,
+                        exc,
+                        nxt,
+                    )
+        raise next((e for e in reversed(failures) if not isinstance(e, Unanswered)), failures[-1])
 
     async def _attempt(self, host: str, port: int) -> None:
         """One connection: a failure before the gateway acknowledged anything is a failed
@@ -230,7 +290,18 @@ class Tunnel:
         outcome = getattr(state, "outcome", None)
         exc = outcome.exception() if outcome is not None else None
         sleep = getattr(getattr(state, "next_action", None), "sleep", 0.0)
-        self.log.warning("gateway connection failed: %s; retrying in %.1fs", exc, sleep)
+        if len(self._rotation) > 1:
+            self.log.warning(
+                "node %s: all %d gateway addresses failed (the last: %s); retrying from %s "
+                "in %.1fs",
+                self._node,
+                len(self._rotation),
+                exc,
+                show(self._rotation.current),
+                sleep,
+            )
+        else:
+            self.log.warning("gateway connection failed: %s; retrying in %.1fs", exc, sleep)
 
     async def _session(self, host: str, port: int) -> None:
         """One connection. Returns after an established session ends; raises before that."""
@@ -261,6 +332,7 @@ class Tunnel:
                 self.stats.fail("channel", str(exc))
                 raise TunnelError(f"gateway refused the telemetry channel: {exc}") from exc
             await self._offer_endpoints(conn)
+            self.stats.address = show((host, port))
             self.stats.connected = True
             self.stats.connects += 1
             self.stats.connected_since = time.time()

@@ -13,6 +13,12 @@ TUNNEL_FAMILIES = (
         help="1 while the telemetry channel to the gateway is open.",
     ),
     Family(
+        name="gpurelay_agent_gateway_address",
+        type="gauge",
+        help="1 for the gateway address (HOST:PORT) the telemetry channel is open to, "
+        "0 for the other configured addresses.",
+    ),
+    Family(
         name="gpurelay_agent_gateway_connects_total",
         type="counter",
         help="Telemetry channels opened to the gateway.",
@@ -67,6 +73,7 @@ class TunnelStats:
     proxy_refused: int = 0
     last_error: str = ""
     connected_since: float = 0.0
+    address: str = ""  # HOST:PORT of the gateway of the open (or last) channel
 
     def fail(self, reason: str, message: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
