@@ -1,7 +1,12 @@
 """VictoriaMetrics single node (Debian ``victoria-metrics``) as a second, independent
 remote-write receiver: ``/api/v1/write`` in, raw samples out through its own export API
 (``/api/v1/export``), so a test can check every sample of every series for gaps and
-duplicates without going through PromQL."""
+duplicates without going through PromQL.
+
+``dedup``: the ``-dedup.minScrapeInterval`` it runs with, as docs/operator-guide.md tells
+operators to ("1ms": one sample per series and millisecond, which removes exactly the
+identical copies an at-least-once replay writes; the export API then shows one); ``None``:
+without, every copy written is stored and exported."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ def find_victoria() -> Path | None:
 
 
 class VictoriaMetrics(Process):
-    def __init__(self, tmp: Path, binary: Path | None = None) -> None:
+    def __init__(self, tmp: Path, binary: Path | None = None, *, dedup: str | None = "1ms") -> None:
         binary = binary or find_victoria()
         if binary is None:
             raise HarnessError("victoria-metrics not found (Debian package `victoria-metrics`)")
@@ -39,6 +44,8 @@ class VictoriaMetrics(Process):
             "-search.disableCache",
             "-loggerLevel=WARN",
         ]
+        if dedup is not None:
+            argv.append(f"-dedup.minScrapeInterval={dedup}")
         super().__init__("victoria-metrics", argv, tmp / "victoria-metrics.log")
 
     @property

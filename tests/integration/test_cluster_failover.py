@@ -224,6 +224,22 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
         )
         replayed = cluster.agents[node].metric("gpurelay_agent_replayed_batches_total")
         print(f"{line}; replayed batches {replayed:.0f}")
+    # a replay written again must be identical: Prometheus refuses a sample with another
+    # value at a stored timestamp ("duplicate sample", HTTP 400), which the gateway counts
+    # as a dropped batch (completeness above cannot see it: the first copy is stored)
+    for gid in cluster.live():
+        dropped = gateway_counter(
+            cluster, gid, "gpurelay_gateway_remote_write_dropped_batches_total"
+        )
+        assert dropped == 0, f"{gid} dropped {dropped:g} batches the receiver refused"
+
+
+def gateway_counter(cluster: Cluster, gateway: str, name: str) -> float:
+    """A label-less series of ``gateway``'s own /metrics."""
+    for line in cluster.gateways[gateway].metrics().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in {gateway}'s /metrics")
 
 
 def _s(seconds: float | None) -> str:
