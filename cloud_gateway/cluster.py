@@ -25,6 +25,10 @@ Rules, each with the reason for it:
 - **One leader** (a PostgreSQL advisory lock, tried on every heartbeat) answers for the
   nodes of dead gateways in /metrics (``gpurelay_node_up 0``, offline): every node is in
   the union of the gateways' bodies once. A gateway that cannot heartbeat steps down.
+- **A restart lets go**: a gateway that (re)starts releases the directory's entries that
+  still name it (an earlier run's, same id) to nobody at :meth:`PostgresDirectory.open`,
+  before it accepts agents, so the leader answers for them; the leader deletes gateways
+  silent for ``forget_after_seconds``.
 - **Fair share** (:func:`to_shed`): a gateway holding more than its share of the nodes
   lets a few agents go per second, so a gateway that joins fills up without a storm."""
 
@@ -96,6 +100,7 @@ class Cluster:
         on_fenced: Callable[[str], None],
         on_shed: Callable[[list[str]], None] | None = None,
         refresh_seconds: float = 30.0,
+        forget_after_seconds: float = 86400.0,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -105,6 +110,7 @@ class Cluster:
         self.heartbeat_seconds = heartbeat_seconds
         self.ttl_seconds = ttl_seconds
         self.refresh_seconds = refresh_seconds
+        self.forget_after_seconds = forget_after_seconds
         self._on_lost = on_lost
         self._on_fenced = on_fenced
         self._on_shed = on_shed
@@ -149,6 +155,12 @@ class Cluster:
             len(self.members),
             len(self.entries),
         )
+        if self.directory.released:
+            log.info(
+                "cluster: gateway %s restarted: released %d node(s) its earlier run held",
+                self.gateway,
+                len(self.directory.released),
+            )
 
     async def stop(self) -> None:
         if self._pending:
@@ -216,7 +228,7 @@ class Cluster:
         """Another gateway claimed ``node``: ``on_lost`` whether this one owns it now or
         only remembers it (offline here: its series and state must leave this gateway's
         /metrics too)."""
-        if gateway == self.gateway:
+        if gateway in (self.gateway, ""):  # "": a release to nobody, not a claim
             return
         mine = self.owned.get(node)
         if mine is not None:
@@ -262,7 +274,30 @@ class Cluster:
         await self._lead()
         self._shed()
         if sent - self._last_refresh >= self.refresh_seconds:
+            await self._forget()
             await self._refresh(sent)
+
+    async def _forget(self) -> None:
+        """The leader deletes the members silent for ``forget_after_seconds`` (each
+        replaced Kubernetes pod adds one); their nodes name no gateway any more, and stay
+        in the fleet, offline, answered for by the leader, until their agents return."""
+        if not self.leader or not any(
+            m.heartbeat_age >= self.forget_after_seconds for m in self.members
+        ):
+            return
+        try:
+            forgotten = await self.directory.forget_gateways(self.forget_after_seconds)
+        except DirectoryError as exc:
+            self.stats.directory_errors["forget"] += 1
+            log.warning("cluster: could not forget dead gateways: %s", exc)
+            return
+        if forgotten:
+            log.info(
+                "cluster: forgot %d gateway(s) silent for %gs or more: %s",
+                len(forgotten),
+                self.forget_after_seconds,
+                ", ".join(forgotten),
+            )
 
     def _shed(self) -> None:
         """Above the fair share (by the members' last heartbeats): let a few nodes go

@@ -31,6 +31,7 @@ class ClusterSection:
     peer_token_file: str = ""  # a shared secret that peers present to each other
     heartbeat_seconds: float = 2.0
     ttl_seconds: float = 10.0  # a gateway silent for this long is gone; its nodes are free
+    forget_gateways_after_seconds: float = 86400.0  # the leader deletes members this silent
 
     @property
     def clustered(self) -> bool:
@@ -75,6 +76,11 @@ def check_cluster(section: ClusterSection) -> None:
         raise GatewayConfigError(
             "cluster.ttl_seconds must be at least twice cluster.heartbeat_seconds "
             f"({section.ttl_seconds:g} < 2 x {section.heartbeat_seconds:g})"
+        )
+    if not section.forget_gateways_after_seconds > section.ttl_seconds:
+        raise GatewayConfigError(
+            "cluster.forget_gateways_after_seconds must be more than cluster.ttl_seconds "
+            f"({section.forget_gateways_after_seconds:g} <= {section.ttl_seconds:g})"
         )
     try:
         for key in ("peer_listen", "advertise"):

@@ -77,6 +77,7 @@ class DirectoryLink:
                 advertise=cfg.advertise or cfg.peer_listen,
                 heartbeat_seconds=cfg.heartbeat_seconds,
                 ttl_seconds=cfg.ttl_seconds,
+                forget_after_seconds=cfg.forget_gateways_after_seconds,
                 on_lost=self._lost,
                 on_fenced=self._fenced,
                 on_shed=self._shed,

@@ -81,6 +81,43 @@ SELECT epoch, previous_gateway AS previous,
 FROM upsert
 """
 
+# An entry released to nobody (gateway ""): the owner before goes to previous_gateway,
+# the reason is written only when the node was still connected (else its own stays).
+_UNOWN = """
+    SET gateway = '', previous_gateway = n.gateway, connected = false, published = '{}',
+        last_disconnect_reason = CASE WHEN n.connected THEN {reason}
+                                      ELSE n.last_disconnect_reason END
+"""
+_NOTIFY_EACH = (
+    f"SELECT u.name, pg_notify('{CHANNEL}', json_build_object('node', u.name, 'gateway', '',"
+    " 'epoch', u.epoch)::text)"
+)
+_RELEASE_LEFT = f"""
+WITH u AS (
+    UPDATE gpurelay_nodes AS n {_UNOWN.replace("{reason}", "$4")}
+    FROM unnest($1::text[], $2::bigint[]) AS s(name, epoch)
+    WHERE n.name = s.name AND n.epoch = s.epoch AND n.gateway = $3
+    RETURNING n.name, n.epoch
+)
+{_NOTIFY_EACH} FROM u
+"""
+_FORGOTTEN = "'gateway ' || n.gateway || ' forgotten (silent too long)'"
+# Members silent for $1 seconds leave; the nodes naming them are released as above (a
+# member that heartbeats meanwhile is not deleted: the row is re-checked under its lock).
+_FORGET = f"""
+WITH gone AS (
+    DELETE FROM gpurelay_gateways
+    WHERE heartbeat < now() - make_interval(secs => $1) AND id <> $2
+    RETURNING id
+), u AS (
+    UPDATE gpurelay_nodes AS n
+    {_UNOWN.replace("{reason}", _FORGOTTEN)}
+    FROM gone WHERE n.gateway = gone.id
+    RETURNING n.name, n.epoch, gone.id
+)
+SELECT gone.id, u.name FROM gone LEFT JOIN u ON u.id = gone.id
+"""
+
 ClaimListener = Callable[[str, str, int], None]  # node, new owner, epoch
 
 
@@ -122,6 +159,7 @@ class PostgresDirectory:
         self._listener: asyncpg.Connection | None = None
         self._leader: asyncpg.Connection | None = None  # holds LEADER_LOCK while leading
         self.leading = False
+        self.released: list[str] = []  # at open: the nodes an earlier run held (release_left)
 
     async def _run(self, what: str, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
         import asyncpg
@@ -148,9 +186,13 @@ class PostgresDirectory:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             raise _error(f"cannot connect ({_safe(self.dsn)})", exc) from exc
         await self._run("migrating the schema", self._migrate)
-        await self._run("marking this gateway's old connections gone", self._restarted)
         if self.on_claim is not None:
             await self._listen()
+        entries = await self.entries()
+        left = {e.node: e.epoch for e in entries if e.gateway == self.gateway}
+        if not left:
+            return entries
+        self.released = await self.release_left(left, reason=f"gateway {self.gateway} restarted")
         return await self.entries()
 
     async def _migrate(self, conn: asyncpg.Connection) -> None:
@@ -168,15 +210,6 @@ class PostgresDirectory:
                 for statement in statements:
                     await conn.execute(statement)
                 await conn.execute("INSERT INTO gpurelay_schema (version) VALUES ($1)", k)
-
-    async def _restarted(self, conn: asyncpg.Connection) -> None:
-        """Connections an earlier run of this gateway (same id) held are gone with it."""
-        await conn.execute(
-            "UPDATE gpurelay_nodes SET connected = false,"
-            " last_disconnect_reason = 'gateway restarted'"
-            " WHERE gateway = $1 AND connected",
-            self.gateway,
-        )
 
     async def ensure_listening(self) -> bool:
         """Listen again if the listening connection died (the database restarted); True
@@ -212,7 +245,8 @@ class PostgresDirectory:
         async def run(conn: asyncpg.Connection) -> Claim:
             row = await conn.fetchrow(_CLAIM, node, self.gateway, now, facts.to_json())
             previous = row["previous"]
-            return Claim(int(row["epoch"]), None if previous in (None, self.gateway) else previous)
+            mine = previous in (None, "", self.gateway)  # "": released, nobody's
+            return Claim(int(row["epoch"]), None if mine else previous)
 
         result: Claim = await self._run(f"claiming node {node!r}", run)
         return result
@@ -250,6 +284,38 @@ class PostgresDirectory:
 
         released: bool = await self._run(f"releasing node {node!r}", run)
         return released
+
+    async def release_left(self, epochs: Mapping[str, int], *, reason: str) -> list[str]:
+        """Let go of nodes that an earlier run of this gateway (same id) held (at
+        :meth:`open`, before the gateway accepts agents: this run does not hold them, and
+        the leader does not answer for a live gateway's nodes, so they would be in no
+        gateway's /metrics until their agents return): each entry
+        still naming this gateway at the epoch in ``epochs`` (read before: compare-and-set,
+        so a claim made since, here or elsewhere, stays) names no gateway any more, so the
+        leader answers for it until its agent is back. Notified like a claim (same epoch),
+        so the others re-read the fleet now. The names released."""
+        if not epochs:
+            return []
+        names, numbers = list(epochs), list(epochs.values())
+
+        async def run(conn: asyncpg.Connection) -> list[str]:
+            rows = await conn.fetch(_RELEASE_LEFT, names, numbers, self.gateway, reason)
+            return sorted(row["name"] for row in rows)
+
+        released: list[str] = await self._run(f"releasing {len(names)} node(s) left over", run)
+        return released
+
+    async def forget_gateways(self, older_than: float) -> list[str]:
+        """Delete the members whose heartbeat is ``older_than`` seconds old (by the
+        database's clock; never this gateway), and clear the owner of the nodes they
+        still name (as :meth:`release_left`). The ids forgotten."""
+
+        async def run(conn: asyncpg.Connection) -> list[str]:
+            rows = await conn.fetch(_FORGET, older_than, self.gateway)
+            return sorted({row["id"] for row in rows})
+
+        forgotten: list[str] = await self._run("forgetting dead gateways", run)
+        return forgotten
 
     async def heartbeat(
         self, *, advertise: str, nodes: int, started: bool = False, http: str = ""

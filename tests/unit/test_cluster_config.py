@@ -48,6 +48,10 @@ def test_several_gateways_from_toml_and_the_dsn_from_the_environment(tmp_path: P
     [
         ({"CLUSTER_HEARTBEAT_SECONDS": "0"}, "cluster.heartbeat_seconds must be > 0"),
         ({"CLUSTER_TTL_SECONDS": "3"}, r"ttl_seconds must be at least twice .* \(3 < 2 x 2\)"),
+        (
+            {"CLUSTER_FORGET_GATEWAYS_AFTER_SECONDS": "10"},
+            r"forget_gateways_after_seconds must be more than cluster.ttl_seconds \(10 <= 10\)",
+        ),
         ({"CLUSTER_GATEWAY_ID": "gw a"}, "cluster.gateway_id must be"),
         ({"CLUSTER_PEER_LISTEN": "nowhere"}, "cluster.peer_listen 'nowhere' must look like"),
         ({"CLUSTER_DATABASE": "mysql://x"}, "cluster.database must be a PostgreSQL URL"),
