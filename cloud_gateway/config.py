@@ -17,6 +17,7 @@ from cloud_gateway.conflicts import POLICIES
 from cloud_gateway.endpoints import parse_sibling_rules
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.liveness import LivenessPolicy
+from cloud_gateway.proxy_listener import parse_networks
 from cloud_gateway.remote_write import RemoteWriteConfig
 from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
@@ -52,6 +53,14 @@ class SshConfig:
     max_endpoints_per_node: int = 64
     max_frame_bytes: int = 4 * 1024 * 1024
     max_series_per_node: int = 50_000
+    # Behind a TCP balancer (haproxy send-proxy-v2): every connection starts with a PROXY
+    # protocol header (v1 or v2) naming the client, which then stands for the peer in
+    # logs, the API and per-address checks (cloud_gateway.proxy_listener). Only from these
+    # CIDRs (empty: from any address, warned at start); a connection from elsewhere, or
+    # without a whole header within the timeout, is closed. Off: exactly as before.
+    proxy_protocol: bool = False
+    proxy_protocol_from: tuple[str, ...] = ()
+    proxy_protocol_timeout_seconds: float = 5.0
 
     @property
     def host_certificate_path(self) -> Path | None:
@@ -202,6 +211,12 @@ def check_ssh(ssh: SshConfig) -> None:
         parse_sibling_rules(ssh.siblings)
     except ValueError as exc:
         raise GatewayConfigError(f"ssh.siblings: {exc}") from exc
+    try:
+        parse_networks(ssh.proxy_protocol_from)
+    except ValueError as exc:
+        raise GatewayConfigError(f"ssh.proxy_protocol_from: {exc}") from exc
+    if not ssh.proxy_protocol_timeout_seconds > 0:
+        raise GatewayConfigError("ssh.proxy_protocol_timeout_seconds must be > 0")
     if ssh.duplicate_connection not in POLICIES:
         raise GatewayConfigError(
             f"ssh.duplicate_connection must be one of {', '.join(POLICIES)}, "
