@@ -22,6 +22,7 @@ from cloud_gateway.forwarding import ForwardStats
 from cloud_gateway.http_api import AUTH_FAILURE_REASONS, ENDPOINTS
 from cloud_gateway.http_listener import CLOSE_REASONS, ConnectionStats
 from cloud_gateway.ingest import IngestStats
+from cloud_gateway.proxy_protocol import REFUSALS
 from cloud_gateway.registry import NodeState
 from cloud_gateway.remote_write import RemoteWriteStats
 from cloud_gateway.series_policy import REFUSAL_CODES
@@ -40,6 +41,12 @@ PROTOCOL = _family(
     "gpurelay_gateway_protocol_errors_total",
     "counter",
     "Connections closed for breaking the wire contract, by error code.",
+)
+PROXY_REFUSED = _family(
+    "gpurelay_gateway_proxy_header_refused_total",
+    "counter",
+    "SSH connections closed before SSH for their PROXY protocol header, by reason "
+    "(only while ssh.proxy_protocol is on).",
 )
 BATCHES = _family("gpurelay_gateway_batches_total", "counter", "Value batches received.")
 REPLAYED = _family(
@@ -268,6 +275,7 @@ def gateway_families(
     remote_write: RemoteWriteStats | None = None,
     forwarding: ForwardStats | None = None,
     cluster: Cluster | None = None,
+    proxy_refused: Mapping[str, int] | None = None,
 ) -> list[FamilySamples]:
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
@@ -305,6 +313,8 @@ def gateway_families(
         _one(PUBLISHED, published),
         _one(PUBLISH_REFUSED, publish_refused),
     ]
+    if proxy_refused is not None:  # ssh.proxy_protocol on
+        families.append(_fixed(PROXY_REFUSED, "reason", proxy_refused, REFUSALS, zeros=True))
     if remote_write is not None:
         families += _remote_write(remote_write, forwarding or ForwardStats())
     if cluster is not None:

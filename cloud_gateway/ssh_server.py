@@ -34,6 +34,7 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway.admission import Admission, AdmissionRefused
 from cloud_gateway.auth_policy import check_user_certificate, describe
 from cloud_gateway.endpoints import EndpointTable, PublishedListener
+from cloud_gateway.proxy_listener import ProxiedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from gpurelay.asyncssh_hooks import hook_certificate_validation, hook_undecodable_certificate
 from gpurelay.wire import (
@@ -224,6 +225,7 @@ class SshServer:
         keepalive_seconds: float = 30.0,
         keepalive_count_max: int = 3,
         endpoints: EndpointTable | None = None,
+        proxied: ProxiedListener | None = None,
     ) -> None:
         self.frame_timeout = frame_timeout
         self.keepalive_seconds = keepalive_seconds
@@ -244,9 +246,15 @@ class SshServer:
         self.declare_waits = 0  # reads that waited for it
         self.admission: Admission | None = None  # the node directory, when there is one
         self.refused: Counter[str] = Counter()  # nodes not admitted, by code
+        # ssh.proxy_protocol: connections from a balancer start with a PROXY header
+        self.proxied = proxied
 
     async def start(self, host: str, port: int) -> int:
         keys: list[Any] = [(k, c) if c is not None else k for k, c in self._host_keys]
+        extra: dict[str, Any] = {}
+        if self.proxied is not None:  # it binds the socket, and reads the header first
+            self.proxied.backlog = LISTEN_BACKLOG
+            extra["tunnel"] = self.proxied
         self._server = await asyncssh.listen(
             host,
             port,
@@ -261,6 +269,7 @@ class SshServer:
             keepalive_interval=self.keepalive_seconds,
             keepalive_count_max=self.keepalive_count_max,
             backlog=LISTEN_BACKLOG,
+            **extra,
         )
         self.port = self._server.get_port()
         return self.port
