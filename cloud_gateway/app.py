@@ -37,9 +37,8 @@ from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http_api import HttpState, make_app
 from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
 from cloud_gateway.ingest import Ingest
-from cloud_gateway.peers import PeerClient, peer_app
+from cloud_gateway.peers import PeerClient, start_peer_listener
 from cloud_gateway.proxy import Proxy
-from cloud_gateway.proxy_listener import proxied_listener
 from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
@@ -196,11 +195,6 @@ class Gateway:
             keepalive_seconds=cfg.ssh.keepalive_seconds,
             keepalive_count_max=cfg.ssh.keepalive_count_max,
             endpoints=self.endpoints,
-            proxied=proxied_listener(
-                on=cfg.ssh.proxy_protocol,
-                allowed=cfg.ssh.proxy_protocol_from,
-                timeout=cfg.ssh.proxy_protocol_timeout_seconds,
-            ),
         )
         if self.link.cluster is not None:
             await self._start_peers()
@@ -252,12 +246,10 @@ class Gateway:
         """The peer listener, and the proxy's route to the other gateways' listeners."""
         token = self.cfg.cluster.peer_token()
         self.proxy.peers = PeerClient(token, self.link.owner)
-        self.peer_runner = web.AppRunner(peer_app(self.proxy, token), access_log=None)
-        await self.peer_runner.setup()
         host, port = split_host_port(self.cfg.cluster.peer_listen, "cluster.peer_listen")
-        site = web.TCPSite(self.peer_runner, host, port)
-        await site.start()
-        self.peer_port = self.peer_runner.addresses[0][1]
+        self.peer_runner, _, self.peer_port = await start_peer_listener(
+            self.proxy, token, host, port
+        )
         if not self.cfg.cluster.advertise:  # peer_listen as bound (port 0: the one chosen)
             self.link.advertise = f"{host}:{self.peer_port}"
         log.info("peer listener on %s:%d (gateway %s)", host, self.peer_port, self.link.gateway)
@@ -286,7 +278,6 @@ class Gateway:
                 states=self.registry.states(now),
                 auth_failures=self.ssh.policy.failures,
                 protocol_errors=self.ssh.protocol_errors,
-                proxy_refused=self.ssh.proxied.refused if self.ssh.proxied else None,
                 ingest=self.ingest.stats,
                 channels=self.ssh.channels,
                 bodies_built=self.exposition.bodies_built,

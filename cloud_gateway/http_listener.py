@@ -178,7 +178,11 @@ class ConnectionGuard:
         header_timeout: float,
         settle: float = SETTLE_SECONDS,
         tls: ssl.SSLContext | None = None,
+        name: str = "HTTP",
+        settings: tuple[str, str] = ("http.max_connections", "http.header_timeout_seconds"),
     ) -> None:
+        """``name`` and ``settings`` (the cap's, the timeout's) are for the log lines."""
+        self.name, self.settings = name, settings
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.settle = settle
@@ -202,19 +206,22 @@ class ConnectionGuard:
             if victim is None:
                 self.stats.closed["refused"] += 1
                 self._log_refused(
-                    "HTTP connections at the cap (%d), all busy: refused %r with a 503 "
-                    "(http.max_connections)",
+                    "%s connections at the cap (%d), all busy: refused %r with a 503 (%s)",
+                    self.name,
                     self.max_connections,
                     conn.peer,
+                    self.settings[0],
                 )
                 return False
             self._close(victim, "evicted")
             self._log_evicted(
-                "HTTP connections at the cap (%d): closed the oldest idle one, from %r, "
-                "to admit %r (http.max_connections)",
+                "%s connections at the cap (%d): closed the oldest idle one, from %r, "
+                "to admit %r (%s)",
+                self.name,
                 self.max_connections,
                 victim.peer,
                 conn.peer,
+                self.settings[0],
             )
         assert conn.transport is not None
         self._fresh[conn] = None
@@ -284,10 +291,11 @@ class ConnectionGuard:
         if conn in self._fresh:
             self._close(conn, "header_timeout")
             self._log_timeout(
-                "closed the HTTP connection from %r: no complete request within %gs "
-                "(http.header_timeout_seconds)",
+                "closed the %s connection from %r: no complete request within %gs (%s)",
+                self.name,
                 conn.peer,
                 self.header_timeout,
+                self.settings[1],
             )
 
     def _close(self, conn: _Connection, reason: str) -> None:

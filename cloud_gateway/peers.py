@@ -10,22 +10,38 @@ node's tunnel as if it had been asked directly.
   connected here; it finds the owner's address in the fleet view (``route``), sends the
   request with the scrape's remaining time, and streams the answer back with the owner's
   status and headers. Errors name the node and the gateway: 502 when the owner cannot be
-  reached, 504 when it does not answer in time."""
+  reached, 504 when it does not answer in time.
+
+The peer listener faces the network like the HTTP listener and is guarded the same way
+(:class:`cloud_gateway.http_listener.ConnectionGuard`): at most ``PEER_MAX_CONNECTIONS``
+connections (a new one makes room by closing the oldest idle one; all busy: 503), the
+first request's headers within ``PEER_HEADER_TIMEOUT_SECONDS``, a kept-alive connection
+closed after ``PEER_IDLE_SECONDS`` without a request, a request body within
+``PEER_BODY_TIMEOUT_SECONDS`` (408), the token compared in constant time before anything
+else is read. A peer gateway keeps a few connections per owner (aiohttp's pool); the cap
+is far above what the scrapes of a fleet need, and a flood of silent or wrong-token
+clients churns among itself without keeping a real scrape out."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
+from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
+
 if TYPE_CHECKING:
     from cloud_gateway.proxy import Proxy
 
 PEER_PREFIX = "/peer/v1/proxy"
+PEER_MAX_CONNECTIONS = 256  # concurrent connections (one request in flight each)
+PEER_HEADER_TIMEOUT_SECONDS = 5.0  # a new connection's first request's headers
+PEER_IDLE_SECONDS = 30.0  # a kept-alive connection without a request
+PEER_BODY_TIMEOUT_SECONDS = 5.0  # a request's body, once its headers are in
 CHUNK = 64 * 1024
 # Not passed on in either direction: hop-by-hop, and what only concerns one side.
 _HOP = frozenset(
@@ -36,6 +52,7 @@ _HOP = frozenset(
     )
 )  # fmt: skip
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Route = Callable[[str], "tuple[str, str] | None"]  # node -> (gateway id, host:port) or None
 
 
@@ -114,18 +131,64 @@ class PeerClient:
             await session.close()
 
 
-def peer_app(proxy: Proxy, token: str) -> web.Application:
+def peer_app(proxy: Proxy, token: str, guard: ConnectionGuard | None = None) -> web.Application:
     """The peer listener's application: the one route, behind the shared token."""
+    expected = token.encode()
 
     async def relay(request: web.Request) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            presented.strip().encode(), token.encode()
-        ):
+        # compare_digest always: its time does not depend on where a wrong token differs
+        good = hmac.compare_digest(presented.strip().encode(), expected)
+        if scheme.lower() != "bearer" or not good:
             return web.Response(status=401, text="peer token missing or wrong\n")
+        if request.can_read_body:
+            try:
+                async with asyncio.timeout(PEER_BODY_TIMEOUT_SECONDS):
+                    await request.read()  # kept by aiohttp for the relay
+            except TimeoutError:
+                return web.Response(
+                    status=408,
+                    text=f"request body not received within {PEER_BODY_TIMEOUT_SECONDS:g}s\n",
+                    headers={"Connection": "close"},
+                )
         return await proxy.relay_path_form(request, hop=False)  # one hop, never two
 
-    app = web.Application()
+    @web.middleware
+    async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if guard is None:
+            return await handler(request)
+        with guard.request(request.transport):
+            return await handler(request)
+
+    app = web.Application(middlewares=[track])
     app.router.add_route("*", PEER_PREFIX + "/{node}/{port}/{path:.*}", relay)
     return app
+
+
+def peer_guard() -> ConnectionGuard:
+    return ConnectionGuard(
+        max_connections=PEER_MAX_CONNECTIONS,
+        header_timeout=PEER_HEADER_TIMEOUT_SECONDS,
+        name="peer",
+        settings=("PEER_MAX_CONNECTIONS", "PEER_HEADER_TIMEOUT_SECONDS"),
+    )
+
+
+async def start_peer_listener(
+    proxy: Proxy, token: str, host: str, port: int
+) -> tuple[web.AppRunner, ConnectionGuard, int]:
+    """The guarded peer listener, started: its runner (cleanup() stops it), its guard
+    (stats), and the port it bound."""
+    guard = peer_guard()
+    runner = web.AppRunner(
+        peer_app(proxy, token, guard), access_log=None, keepalive_timeout=PEER_IDLE_SECONDS
+    )
+    await runner.setup()
+    site = GuardedSite(runner, host, port, guard)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, guard, site.port
