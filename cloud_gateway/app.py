@@ -39,6 +39,7 @@ from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.peers import PeerClient, start_peer_listener
 from cloud_gateway.proxy import Proxy
+from cloud_gateway.proxy_listener import proxied_listener
 from cloud_gateway.registry import Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
@@ -195,6 +196,11 @@ class Gateway:
             keepalive_seconds=cfg.ssh.keepalive_seconds,
             keepalive_count_max=cfg.ssh.keepalive_count_max,
             endpoints=self.endpoints,
+            proxied=proxied_listener(
+                on=cfg.ssh.proxy_protocol,
+                allowed=cfg.ssh.proxy_protocol_from,
+                timeout=cfg.ssh.proxy_protocol_timeout_seconds,
+            ),
         )
         if self.link.cluster is not None:
             await self._start_peers()
@@ -278,6 +284,7 @@ class Gateway:
                 states=self.registry.states(now),
                 auth_failures=self.ssh.policy.failures,
                 protocol_errors=self.ssh.protocol_errors,
+                proxy_refused=self.ssh.proxied.refused if self.ssh.proxied else None,
                 ingest=self.ingest.stats,
                 channels=self.ssh.channels,
                 bodies_built=self.exposition.bodies_built,
