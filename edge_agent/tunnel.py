@@ -221,7 +221,7 @@ class Tunnel:
                 self._rotation.advance()
             delay = random.uniform(0, 10 * self._cfg.backoff_initial_seconds)
             self.log.info(
-                "node %s: %s on gateway %s; reconnecting to %s in %.1fs",
+                "node %s: %s (gateway %s); reconnecting to %s in %.1fs",
                 self._node,
                 why,
                 ended,

@@ -147,7 +147,7 @@ def test_the_agent_goes_round_its_list_and_loses_nothing_when_its_gateway_dies(
             "ACKs from the second gateway",
         )
         log = agent.log.read_text()
-        assert f"on gateway {addresses[1]}; reconnecting to {addresses[2]}" in log, log
+        assert f"(gateway {addresses[1]}); reconnecting to {addresses[2]}" in log, log
         assert agent.series()["gpurelay_agent_gateway_connects_total"] == 2, logs()
         print(f"on the second gateway {moved:.1f}s after the kill -9 of the first")
 

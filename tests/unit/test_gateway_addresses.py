@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -119,6 +120,17 @@ def test_bad_addresses_are_clear_errors(
     with pytest.raises(ConfigError) as info:
         load(gateway_toml(tmp_path, body), env)
     assert message in str(info.value)
+
+
+def test_the_operator_guide_example_loads(tmp_path: Path) -> None:
+    guide = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
+    text = guide.read_text(encoding="utf-8")
+    section = text[text.index("### Bare metal without a balancer\n") :]
+    block = re.search(r"```\n(\[gateway\]\n.*?)```", section, re.DOTALL)
+    assert block is not None
+    (tmp_path / "agent.toml").write_text(block.group(1))
+    gw = load(tmp_path / "agent.toml", {}).gateway
+    assert [port for _, port in gw.gateways] == [2222, 2222, 2222]
 
 
 def test_addresses_need_a_key_and_known_hosts(tmp_path: Path) -> None:
