@@ -149,6 +149,17 @@ def test_the_agent_goes_round_its_list_and_loses_nothing_when_its_gateway_dies(
         log = agent.log.read_text()
         assert f"(gateway {addresses[1]}); reconnecting to {addresses[2]}" in log, log
         assert agent.series()["gpurelay_agent_gateway_connects_total"] == 2, logs()
+
+        def shown_by_the_gateway() -> bool:  # the series reach the gateway like any other
+            return any(
+                line.startswith("gpurelay_agent_gateway_address{")
+                and f'"{NODE}"' in line
+                and f'address="{addresses[2]}"' in line
+                and line.endswith(" 1")
+                for line in gateways[1].metrics().splitlines()
+            )
+
+        wait_until(shown_by_the_gateway, 30, "the address series on the second gateway")
         print(f"on the second gateway {moved:.1f}s after the kill -9 of the first")
 
         def drained() -> bool:
