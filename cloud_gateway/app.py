@@ -155,6 +155,7 @@ class Gateway:
             let_go=lambda reason, node: self.ssh.let_go(reason, node) if self.ssh else 0,
             clock=clock,
             endpoints=self.endpoints,
+            held=self.ingest.conflicts.held,  # no directory claim for a held node
         )
         self.http.directory = self.link
         self.peer_runner: web.AppRunner | None = None

@@ -49,6 +49,42 @@ log = logging.getLogger("cloud_gateway.cluster")
 
 SHED_PER_SECOND = 2.0  # agents a gateway above its fair share lets go, per second
 SHED_SLACK = 2  # nodes above the fair share before shedding starts (at least)
+# A node in a reconnect loop costs a directory claim (a transaction and a NOTIFY to every
+# gateway) per connection: at most CLAIMS_PER_NODE of one node per CLAIM_WINDOW_SECONDS on
+# one gateway, beyond that ERROR unavailable (the agent backs off, and may be balanced
+# onto another gateway). An agent whose link flaps reconnects after a growing backoff
+# (1 s, 2 s, 4 s, ... by default): far fewer than this.
+CLAIMS_PER_NODE = 10
+CLAIM_WINDOW_SECONDS = 60.0
+
+
+class ClaimBudget:
+    """The claims of each node in the last ``window`` seconds, at most ``limit`` (memory:
+    only nodes claimed within the window, :meth:`prune` on the heartbeat). Pure: the
+    caller passes the time."""
+
+    def __init__(self, limit: int = CLAIMS_PER_NODE, window: float = CLAIM_WINDOW_SECONDS) -> None:
+        self.limit, self.window = limit, window
+        self._times: dict[str, deque[float]] = {}
+
+    def take(self, node: str, now: float) -> float:
+        """0: a claim of ``node`` may go (counted); else the seconds until one may."""
+        times = self._times.get(node)
+        if times is None:
+            times = self._times[node] = deque(maxlen=self.limit)
+        while times and now - times[0] >= self.window:
+            times.popleft()
+        if len(times) >= self.limit:
+            return max(0.001, times[0] + self.window - now)
+        times.append(now)
+        return 0.0
+
+    def prune(self, now: float) -> None:
+        for node in [n for n, t in self._times.items() if not t or now - t[-1] >= self.window]:
+            del self._times[node]
+
+    def __len__(self) -> int:
+        return len(self._times)
 
 
 def to_shed(
@@ -83,6 +119,7 @@ class ClaimRefused(Exception):
 @dataclass
 class ClusterStats:
     claims: int = 0
+    claims_throttled: int = 0  # refused: the node's claims beyond CLAIMS_PER_NODE a window
     lost_claims: int = 0  # nodes another gateway claimed from this one
     fencing_events: int = 0
     directory_errors: Counter[str] = field(default_factory=Counter)  # by operation
@@ -134,6 +171,8 @@ class Cluster:
         self.via: dict[str, str] = {}  # a published endpoint's name -> its tunnel node
         self._last_refresh = -float("inf")
         self._pending: set[asyncio.Task[None]] = set()
+        self.budget = ClaimBudget()
+        self._throttled: set[str] = set()  # nodes refused in this window (logged once)
         directory.on_claim = self._notified
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -176,6 +215,25 @@ class Cluster:
                 f"gateway {self.gateway} cannot reach the node directory (fenced); "
                 "try again, or another gateway"
             )
+        wait = self.budget.take(node, self._monotonic())
+        if wait:
+            self.stats.claims_throttled += 1
+            if node not in self._throttled:  # once per episode: a loop would flood the log
+                self._throttled.add(node)
+                log.warning(
+                    "cluster: node %s connected %d times in %gs: its claims are refused for "
+                    "%.0fs (a reconnect loop; each claim is a directory transaction)",
+                    node,
+                    self.budget.limit,
+                    self.budget.window,
+                    wait,
+                )
+            raise ClaimRefused(
+                f"node {node} connected {self.budget.limit} times in {self.budget.window:g}s "
+                f"to gateway {self.gateway}: refused for {wait:.0f}s more (a reconnect loop; "
+                "check this agent's link and log)"
+            )
+        self._throttled.discard(node)
         try:
             claim = await self.directory.claim(node, facts, now=self._clock())
         except DirectoryError as exc:
@@ -246,6 +304,7 @@ class Cluster:
         """Every ``heartbeat_seconds``: heartbeat with last-seen times, fence or heal,
         refresh the fleet view when due."""
         sent = self._monotonic()
+        self.budget.prune(sent)
         seen, self._seen = self._seen, {}
         try:
             await self.directory.seen(seen)

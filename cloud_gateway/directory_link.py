@@ -55,13 +55,17 @@ class DirectoryLink:
         let_go: Callable[[str, str | None], int],
         clock: Callable[[], float] = time.time,
         endpoints: EndpointTable | None = None,
+        held: Callable[[str, float], bool] | None = None,
     ) -> None:
-        """``let_go(reason, node)``: GOODBYE to ``node``'s agent (every agent: None)."""
+        """``let_go(reason, node)``: GOODBYE to ``node``'s agent (every agent: None).
+        ``held(node, now)``: the node is refused for now (``ssh.duplicate_connection =
+        refuse_both`` after a fight, cloud_gateway.conflicts): no claim is made for it."""
         self.cfg = cfg
         self.registry = registry
         self.endpoints = endpoints  # what nodes publish, written for the whole cluster
         self.gateway = cfg.resolved_gateway_id()
         self._let_go = let_go
+        self._held = held
         self._clock = clock
         self.errors: Counter[str] = Counter()  # the single gateway's inventory errors
         self.inventory: dict[str, NodeEntry] = {}  # what the directory held at start
@@ -165,6 +169,11 @@ class DirectoryLink:
                 serial = None
         facts = NodeFacts.from_hello(hello, cert_serial=serial, remote=remote)
         if self.cluster is not None:
+            if self._held is not None and self._held(node, self._clock()):
+                raise AdmissionRefused(  # what the claim would cost the whole cluster
+                    f"node {node} is refused for now after two connections used its "
+                    "certificate (ssh.duplicate_connection = refuse_both)"
+                )
             try:
                 return await self.cluster.claim(node, facts)
             except ClaimRefused as exc:
