@@ -3,8 +3,10 @@ byte by byte, and everything a hostile or broken sender can put there."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
+import re
 import struct
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_gateway.config import load
+from cloud_gateway.config import SshConfig, load
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.proxy_listener import ProxiedListener, parse_networks, proxied_listener
 from cloud_gateway.proxy_protocol import (
@@ -317,3 +319,21 @@ def test_off_builds_no_listener_and_on_says_so(caplog: pytest.LogCaptureFixture)
     assert listener is not None and "from ANY address" in caplog.text
     listener = proxied_listener(on=True, allowed=("127.0.0.1/32",), timeout=2)
     assert listener is not None and not listener.allowed(("127.0.0.2", 1))
+
+
+def test_the_operator_guide_documents_every_proxy_protocol_key_with_its_default() -> None:
+    guide = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
+    rows = re.findall(
+        r"^\| `ssh\.(proxy_protocol\w*)` \| `([^`]*)` \|", guide.read_text(), re.MULTILINE
+    )
+    ssh = SshConfig()
+    keys = {f.name for f in dataclasses.fields(SshConfig) if f.name.startswith("proxy_")}
+    assert {key for key, _ in rows} == keys
+    for key, shown in rows:
+        value = getattr(ssh, key)
+        if isinstance(value, bool):
+            assert shown == str(value).lower(), key
+        elif isinstance(value, tuple):
+            assert shown == "[]" and value == (), key
+        else:
+            assert float(shown) == value, key
