@@ -32,6 +32,7 @@ import pytest
 from cloud_gateway.app import Gateway
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.proxy_protocol import V2_SIGNATURE
+from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello
 from harness.fleet import (
     TOKEN,
     Pki,
@@ -225,3 +226,45 @@ async def test_behind_haproxy_the_gateway_sees_the_agent_and_refuses_the_rest(
             before = gw.ingest.stats.batches
             await wait_for(lambda: gw.ingest.stats.batches > before, timeout=30)
             assert (await nodes(gw))["edge-1"]["remote"] == entry["remote"]
+
+
+@pytest.mark.parametrize(
+    ("header", "remote"),
+    [
+        (b"PROXY TCP4 198.51.100.7 192.0.2.1 50123 2222\r\n", "198.51.100.7:50123"),
+        (b"PROXY TCP6 2001:db8::7 2001:db8::1 4711 2222\r\n", "2001:db8::7:4711"),
+        (V2_SIGNATURE + bytes([0x20, 0x00, 0, 0]), f"{BALANCER}:"),  # LOCAL: the balancer
+    ],
+)
+async def test_a_node_after_a_header_is_listed_at_the_headers_address(
+    tmp_path: Path, header: bytes, remote: str
+) -> None:
+    """No haproxy needed: the header by hand, then a real SSH client with a node
+    certificate on the same socket, a telemetry channel and a HELLO; the SSH bytes that
+    follow the header in the same segment are not lost."""
+    pki = make_pki(tmp_path)
+    creds = pki.node("edge-2")
+    key = asyncssh.read_private_key(str(creds.private_key))
+    cert = asyncssh.read_certificate(str(creds.certificate))
+    async with running_gateway(proxied_gateway(pki)) as gw:
+        sock = socket.create_connection(("127.0.0.1", gw.ssh_port), source_address=(BALANCER, 0))
+        sock.sendall(header)
+        async with asyncssh.connect(
+            "localhost",
+            sock=sock,
+            username="edge-2",
+            client_keys=[(key, cert)],
+            known_hosts=str(pki.ca.known_hosts),
+            agent_path=None,
+            config=None,
+        ) as conn:
+            writer, _, _ = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+            writer.write(FrameEncoder().encode(Hello(agent_version="0", node="edge-2")))
+
+            async def listed() -> bool:
+                entry = (await nodes(gw)).get("edge-2")
+                return entry is not None and str(entry["remote"]).startswith(remote)
+
+            await wait_for(listed, timeout=20, what=f"edge-2 listed from {remote}")
+        assert gw.ssh is not None and gw.ssh.proxied is not None
+        assert sum(gw.ssh.proxied.refused.values()) == 0
