@@ -158,6 +158,7 @@ class Gateway:
             held=self.ingest.conflicts.held,  # no directory claim for a held node
         )
         self.http.directory = self.link
+        self.certificates = self.http.certificates  # node certificate expiry (the tick's)
         self.peer_runner: web.AppRunner | None = None
         self.peer_port = 0
         self.runner: web.AppRunner | None = None
@@ -279,10 +280,13 @@ class Gateway:
                 node,
                 self.cfg.registry.offline_grace_seconds,
             )
-        self.ssh.revalidate()
+        states = self.registry.states(now)
+        self.certificates.refresh(
+            now, live=self.ssh.revalidate(), held=states, stored=self.link.stored_certificates()
+        )
         self.exposition.set_extra(
             gateway_families(
-                states=self.registry.states(now),
+                states=states,
                 auth_failures=self.ssh.policy.failures,
                 protocol_errors=self.ssh.protocol_errors,
                 proxy_refused=self.ssh.proxied.refused if self.ssh.proxied else None,
@@ -298,6 +302,7 @@ class Gateway:
                 remote_write=self.remote_write.stats if self.remote_write else None,
                 forwarding=self.ingest.forward_stats,
                 cluster=self.link.cluster,
+                certificates=self.certificates.family(self.registry.config.node_label),
             ),
             histograms=self.self_metrics,
         )

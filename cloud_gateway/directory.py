@@ -7,7 +7,7 @@ embedded default, one file) and, for several gateways, a PostgreSQL one. The reg
 keeps the live state (connections, series, liveness); the directory keeps the inventory:
 
 - a node's facts from its last HELLO and certificate (agent version, hostname, GPUs,
-  certificate serial), its first and last time seen, why it last disconnected;
+  certificate serial and expiry), its first and last time seen, why it last disconnected;
 - its owner (the gateway id) and an epoch that grows with every claim, so that of two
   gateways that both think they own a node, the one with the lower epoch knows it lost.
 
@@ -44,10 +44,18 @@ class NodeFacts:
     interval_seconds: float = 0.0
     gpus: tuple[GpuInventory, ...] = ()
     cert_serial: int | None = None
+    cert_valid_before: int | None = None  # unix seconds; None: no expiry, or not known
     remote: str = ""  # the address it connected from
 
     @classmethod
-    def from_hello(cls, hello: Hello, *, cert_serial: int | None, remote: str) -> NodeFacts:
+    def from_hello(
+        cls,
+        hello: Hello,
+        *,
+        cert_serial: int | None,
+        remote: str,
+        cert_valid_before: int | None = None,
+    ) -> NodeFacts:
         return cls(
             agent_version=hello.agent_version,
             hostname=hello.hostname,
@@ -57,6 +65,7 @@ class NodeFacts:
             interval_seconds=hello.interval_seconds,
             gpus=hello.gpus,
             cert_serial=cert_serial,
+            cert_valid_before=cert_valid_before,
             remote=remote,
         )
 
@@ -93,8 +102,10 @@ def _check_types(facts: NodeFacts) -> None:
             raise TypeError(f"{name} is not text")
     if not isinstance(facts.interval_seconds, int | float):
         raise TypeError("interval_seconds is not a number")
-    if facts.cert_serial is not None and not isinstance(facts.cert_serial, int):
-        raise TypeError("cert_serial is not an integer")
+    for name in ("cert_serial", "cert_valid_before"):
+        value = getattr(facts, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name} is not an integer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.admission import AdmissionRefused
-from cloud_gateway.auth_policy import certificate_info
+from cloud_gateway.cert_expiry import Stored, expiry_of
 from cloud_gateway.cluster import ClaimRefused, Cluster
 from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.directory import Directory, DirectoryError, NodeEntry, NodeFacts
@@ -161,13 +161,10 @@ class DirectoryLink:
     async def admit(
         self, node: str, hello: Hello, remote: str, cert: SSHOpenSSHCertificate | None
     ) -> int:
-        serial = None
-        if cert is not None:
-            try:
-                serial = certificate_info(cert).serial
-            except ValueError:
-                serial = None
-        facts = NodeFacts.from_hello(hello, cert_serial=serial, remote=remote)
+        expires, serial = expiry_of(cert) if cert is not None else (None, None)
+        facts = NodeFacts.from_hello(
+            hello, cert_serial=serial, remote=remote, cert_valid_before=expires
+        )
         if self.cluster is not None:
             if self._held is not None and self._held(node, self._clock()):
                 raise AdmissionRefused(  # what the claim would cost the whole cluster
@@ -279,6 +276,15 @@ class DirectoryLink:
             alive = member is not None and member.alive(self.cfg.ttl_seconds)
             out.append((entry, member if alive else None))
         return out
+
+    def stored_certificates(self) -> dict[str, Stored]:
+        """(valid_before, serial) of the inventory's nodes not held here, for one gateway
+        (with several, each publishes the certificates of the nodes it holds)."""
+        if self.cluster is not None:
+            return {}
+        return {
+            e.node: (e.facts.cert_valid_before, e.facts.cert_serial) for e, _ in self.elsewhere()
+        }
 
     def members(self) -> list[Member]:
         return list(self.cluster.members) if self.cluster is not None else []

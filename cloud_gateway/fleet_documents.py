@@ -44,6 +44,7 @@ def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> dict[s
         "connection_conflicts": None,
         "first_seen": entry.first_seen,
         "certificate_serial": facts.cert_serial,
+        "certificate_expires": facts.cert_valid_before,
         "last_disconnect_reason": entry.last_disconnect_reason,
     }
 

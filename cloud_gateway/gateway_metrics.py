@@ -275,8 +275,10 @@ def gateway_families(
     remote_write: RemoteWriteStats | None = None,
     forwarding: ForwardStats | None = None,
     cluster: Cluster | None = None,
+    certificates: FamilySamples | None = None,
     proxy_refused: Mapping[str, int] | None = None,
 ) -> list[FamilySamples]:
+    """``certificates``: the nodes' certificate expiry (:mod:`cloud_gateway.cert_expiry`)."""
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
         by_state[state] += 1
@@ -319,6 +321,8 @@ def gateway_families(
         families += _remote_write(remote_write, forwarding or ForwardStats())
     if cluster is not None:
         families += cluster_families(cluster)
+    if certificates is not None:
+        families.append(certificates)
     return families
 
 

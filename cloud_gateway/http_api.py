@@ -26,6 +26,7 @@ from aiohttp.payload import Payload
 from multidict import CIMultiDict
 from yarl import URL
 
+from cloud_gateway.cert_expiry import CertificateExpiry
 from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Body, Exposition, bie_document
@@ -73,6 +74,7 @@ class HttpState:
     basic_auth: BasicAuth | None = None  # basic_auth_users of http.web_config_file
     auth_failures: Counter[str] = dataclasses.field(default_factory=Counter)
     directory: DirectoryLink | None = None  # the fleet beyond this gateway's registry
+    certificates: CertificateExpiry = dataclasses.field(default_factory=CertificateExpiry)
 
 
 STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
@@ -341,9 +343,13 @@ async def bie_collect(request: web.Request) -> web.Response:
 
 
 def node_document(
-    view: NodeView, now: float, endpoints: EndpointTable | None = None
+    view: NodeView,
+    now: float,
+    endpoints: EndpointTable | None = None,
+    certificates: CertificateExpiry | None = None,
 ) -> dict[str, Any]:
     published = endpoints.published_via(view.name) if endpoints is not None else []
+    expires, serial = certificates.of(view.name) if certificates else (None, None)
     return {
         "published": [e.target for e in published],
         "name": view.name,
@@ -365,11 +371,15 @@ def node_document(
         "duplicate_batches": view.duplicates,
         "replayed_batches": view.replays_received,
         "connection_conflicts": view.connection_conflicts,
+        "certificate_serial": serial,
+        "certificate_expires": expires,
     }
 
 
-def node_detail(view: NodeView, now: float, endpoints: EndpointTable) -> dict[str, Any]:
-    doc = node_document(view, now, endpoints)
+def node_detail(
+    view: NodeView, now: float, endpoints: EndpointTable, certificates: CertificateExpiry
+) -> dict[str, Any]:
+    doc = node_document(view, now, endpoints, certificates)
     doc["gpus"] = [dataclasses.asdict(g) for g in view.gpus]
     doc["recent_errors"] = [{"time": e.time, "message": e.message} for e in view.recent_errors]
     doc["last_disconnect_reason"] = view.last_disconnect_reason
@@ -386,7 +396,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     views = state.registry.nodes(now, state=wanted)  # type: ignore[arg-type]
     if domain:
         views = [v for v in views if (v.domain or v.name) == domain]
-    nodes = [node_document(v, now, state.endpoints) for v in views]
+    nodes = [node_document(v, now, state.endpoints, state.certificates) for v in views]
     link = state.directory
     if link is not None:
         for doc in nodes:
@@ -413,7 +423,7 @@ async def get_node(request: web.Request) -> web.Response:
                 doc["gpus"] = [dataclasses.asdict(g) for g in entry.facts.gpus]
                 return web.json_response(doc)
         return _error(404, f"unknown node {name!r}")
-    doc = node_detail(view, now, state.endpoints)
+    doc = node_detail(view, now, state.endpoints, state.certificates)
     if link is not None:
         doc["gateway"] = link.gateway
     return web.json_response(doc)

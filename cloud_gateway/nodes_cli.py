@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,21 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def _expires(when: object, now: float) -> str:
+    """``2026-12-01 (6d)``: the certificate's expiry date (UTC) and the days left; ``-``
+    when the gateway knows none (no expiry, or not seen)."""
+    if not isinstance(when, int | float) or isinstance(when, bool):
+        return "-"
+    date = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d")
+    left = when - now
+    if left <= 0:
+        return f"{date} (expired)"
+    days, hours = int(left // 86400), int(left // 3600)
+    return f"{date} ({days}d)" if days else f"{date} ({hours}h)"
+
+
 def render_table(nodes: list[dict[str, Any]], now: float) -> str:
-    header = ("NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT", "PUBLISHED")
+    header = ("NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT", "EXPIRES", "PUBLISHED")
     rows = [header]
     for n in nodes:
         last = n.get("last_seen")
@@ -117,6 +131,7 @@ def render_table(nodes: list[dict[str, Any]], now: float) -> str:
                 str(n.get("gpu_count", 0)),
                 _age(now - last if isinstance(last, int | float) else None),
                 str(n.get("agent_version", "")),
+                _expires(n.get("certificate_expires"), now),
                 ",".join(n.get("published", [])) or "-",
             )
         )

@@ -37,6 +37,12 @@ _NODE = {
         "duplicate_batches": {"type": "integer"},
         "replayed_batches": {"type": "integer"},
         "connection_conflicts": {"type": "integer"},
+        "certificate_serial": {"type": ["integer", "null"]},
+        "certificate_expires": {
+            "type": ["integer", "null"],
+            "description": "unix time the node's SSH certificate expires (valid_before); "
+            "null: no expiry, or not known",
+        },
         "gateway": {"type": "string", "description": "the owner's id (with [cluster])"},
     },
 }

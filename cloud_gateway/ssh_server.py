@@ -302,13 +302,12 @@ class SshServer:
         finally:
             self._channels.discard(channel)
 
-    def revalidate(self) -> list[str]:
+    def revalidate(self) -> dict[str, SSHOpenSSHCertificate]:
         """Re-check every live connection's certificate (revoked or expired since it
-        connected) and close those that no longer pass; returns their node names."""
-        closed = []
+        connected), close those that no longer pass; the others' certificates, by node."""
+        passed: dict[str, SSHOpenSSHCertificate] = {}
         for channel in list(self._channels):
-            auth = channel.auth
-            cert = auth.certificate if auth is not None else None
+            cert = channel.auth.certificate if channel.auth is not None else None
             if cert is None:
                 continue
             reason = self.policy.check(channel.node, cert)
@@ -320,8 +319,9 @@ class SshServer:
                     describe(reason, channel.node, cert),
                 )
                 channel.close(f"certificate {reason}")
-                closed.append(channel.node)
-        return closed
+            else:
+                passed[channel.node] = cert
+        return passed
 
     @property
     def channels(self) -> int:

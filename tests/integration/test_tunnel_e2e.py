@@ -80,6 +80,7 @@ async def test_nodes_cli_table_and_errors(
     async with running_gateway(gateway_config(pki)) as gw:
         async with running_agent(agent_config(pki, "edge-a", gw)):
             await wait_for(lambda: gw.ingest.stats.batches >= 1)
+            gw._refresh()  # the tick that reads the certificate's expiry (EXPIRES)
             url = f"http://127.0.0.1:{gw.http_port}"
 
             def nodes(**kw: object) -> int:
@@ -99,7 +100,10 @@ async def test_nodes_cli_table_and_errors(
             assert await asyncio.to_thread(nodes) == 0
             out = capsys.readouterr().out
             assert re.search(
-                r"^edge-a\s+online\s+edge-a\s+1\s+\d+s ago\s+0\.1\.0\s+edge-a:\d+$", out, re.M
+                r"^edge-a\s+online\s+edge-a\s+1\s+\d+s ago\s+0\.1\.0\s+"
+                r"\d{4}-\d\d-\d\d \(89d\)\s+edge-a:\d+$",
+                out,
+                re.M,
             )
             assert await asyncio.to_thread(nodes, token="bad") == 1
             assert "token was not accepted" in capsys.readouterr().err
