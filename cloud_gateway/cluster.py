@@ -307,9 +307,8 @@ class Cluster:
         self.budget.prune(sent)
         seen, self._seen = self._seen, {}
         try:
-            await self.directory.seen(seen)
             self.members = await self.directory.heartbeat(
-                advertise=self.advertise, nodes=len(self.owned), http=self.http
+                advertise=self.advertise, nodes=len(self.owned), http=self.http, seen=seen
             )
         except DirectoryError as exc:
             for node, when in seen.items():  # keep them for the next try

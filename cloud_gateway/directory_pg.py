@@ -118,6 +118,12 @@ WITH gone AS (
 SELECT gone.id, u.name FROM gone LEFT JOIN u ON u.id = gone.id
 """
 
+_SEEN = (
+    "UPDATE gpurelay_nodes AS n SET last_seen = greatest(n.last_seen, s.t)"
+    " FROM unnest($1::text[], $2::float8[]) AS s(name, t)"
+    " WHERE n.name = s.name AND n.gateway = $3"
+)
+
 ClaimListener = Callable[[str, str, int], None]  # node, new owner, epoch
 
 
@@ -182,6 +188,7 @@ class PostgresDirectory:
                 max_size=4,
                 timeout=CONNECT_TIMEOUT_SECONDS,
                 command_timeout=COMMAND_TIMEOUT_SECONDS,
+                reset=_keep_session,
             )
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             raise _error(f"cannot connect ({_safe(self.dsn)})", exc) from exc
@@ -257,14 +264,7 @@ class PostgresDirectory:
         names, times = list(last_seen), list(last_seen.values())
 
         async def run(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                "UPDATE gpurelay_nodes AS n SET last_seen = greatest(n.last_seen, s.t)"
-                " FROM unnest($1::text[], $2::float8[]) AS s(name, t)"
-                " WHERE n.name = s.name AND n.gateway = $3",
-                names,
-                times,
-                self.gateway,
-            )
+            await conn.execute(_SEEN, names, times, self.gateway)
 
         await self._run(f"writing last-seen times of {len(names)} node(s)", run)
 
@@ -318,13 +318,22 @@ class PostgresDirectory:
         return forgotten
 
     async def heartbeat(
-        self, *, advertise: str, nodes: int, started: bool = False, http: str = ""
+        self,
+        *,
+        advertise: str,
+        nodes: int,
+        started: bool = False,
+        http: str = "",
+        seen: Mapping[str, float] | None = None,
     ) -> list[Member]:
         """Record that this gateway is alive (``started``: it has just (re)started), and
-        return every member, this one included."""
+        return every member, this one included; ``seen``: last-seen times written in the
+        same transaction (as :meth:`seen`): one transaction per heartbeat."""
 
         async def run(conn: asyncpg.Connection) -> list[Member]:
             async with conn.transaction():
+                if seen:
+                    await conn.execute(_SEEN, list(seen), list(seen.values()), self.gateway)
                 await conn.execute(
                     "INSERT INTO gpurelay_gateways"
                     " (id, advertise, http, started, heartbeat, nodes)"
@@ -427,6 +436,15 @@ class PostgresDirectory:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's reset on release. asyncpg's default (``pg_advisory_unlock_all(); CLOSE
+    ALL; UNLISTEN *; RESET ALL``) is one more transaction per statement (5 per heartbeat
+    measured, not 3); asyncpg still rolls back a transaction left open. Nothing else needs
+    undoing: pooled connections never LISTEN (the listener has its own), take session
+    advisory locks (the leader has its own connection; the migration's is a transaction
+    lock), SET anything or keep cursors."""
 
 
 def _entry(row: Mapping[str, Any]) -> NodeEntry:

@@ -5,6 +5,8 @@ been silent for ``forget_gateways_after_seconds``."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cloud_gateway.directory_pg import PostgresDirectory
@@ -137,3 +139,55 @@ async def test_the_leader_forgets_gateways_silent_for_a_day(dsn: str) -> None:
         assert calls == []
     finally:
         await a.cluster.stop()
+
+
+async def _transactions(dsn: str) -> int:
+    """Commits and rollbacks of ``dsn``'s database, once its backends are gone (a backend
+    reports its counts as it exits) and the figure is steady (bounded: 20 s)."""
+    import asyncpg
+
+    server, _, db = dsn.rpartition("/")
+    conn = await asyncpg.connect(f"{server}/postgres")
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1"
+        while await conn.fetchval(sql, db):
+            assert asyncio.get_running_loop().time() < deadline, "backends still there"
+            await asyncio.sleep(0.05)
+        last = -1
+        while True:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            now = await conn.fetchval(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", db
+            )
+            if now == last:
+                return int(now)
+            assert asyncio.get_running_loop().time() < deadline, "the count keeps changing"
+            last = now
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
+async def test_a_heartbeat_costs_two_transactions(dsn: str) -> None:
+    """The last-seen times, the heartbeat and the member list in one transaction, the
+    leader's check on its own connection, and no reset transaction when a pooled
+    connection goes back (asyncpg's default made it 5). Counted by PostgreSQL."""
+
+    async def run(ticks: int) -> int:
+        before = await _transactions(dsn)
+        a = Member(dsn, "gw-a")
+        a.cluster.refresh_seconds = 3600.0  # the fleet's re-read is not a heartbeat's
+        await a.cluster.start()
+        try:
+            await a.cluster.claim("edge-1", FACTS)
+            for k in range(ticks):
+                a.cluster.seen("edge-1", 1000.0 + k)
+                await a.cluster.tick()
+        finally:
+            await a.cluster.stop()
+        return await _transactions(dsn) - before
+
+    await run(1)  # the schema
+    few, many = await run(5), await run(45)
+    assert 2 * 40 <= many - few <= 2 * 40 + 4  # autovacuum may add one or two
