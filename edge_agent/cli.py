@@ -1,4 +1,4 @@
-"""``edge-agent run|once``: argument parsing and one-line errors instead of tracebacks."""
+"""``edge-agent run|once|enroll``: argument parsing and one-line errors instead of tracebacks."""
 
 from __future__ import annotations
 
@@ -51,6 +51,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     once = sub.add_parser("once", parents=[common], help="print one collection and exit")
     once.add_argument("--format", choices=("prometheus", "json", "bie"), default="prometheus")
+    enroll = sub.add_parser(
+        "enroll",
+        help="get this node's certificate from a gateway with a one-time enrollment token",
+        description="Make the node key here (or reuse the configured one), prove the token "
+        "made by `cloud-gateway certs enroll-token NODE` to the gateway, and write the "
+        "certificate it signs (and known_hosts, if absent) where [gateway] in --config says.",
+    )
+    enroll.add_argument("--config", type=Path, help="TOML config file (its [gateway] paths)")
+    enroll.add_argument(
+        "--gateway", metavar="HOST:PORT", help="the gateway's SSH port (default: the config's)"
+    )
+    enroll.add_argument("--token-file", type=Path, required=True, metavar="FILE")
+    enroll.add_argument(
+        "--host-ca-fingerprint",
+        metavar="SHA256:...",
+        help="the gateways' host CA, as `certs enroll-token` printed it; needed when the "
+        "configured known_hosts file does not exist yet (it is then written)",
+    )
+    enroll.add_argument(
+        "--node-name", help="node name (default: config, KUBE_NODE_NAME, NODE_NAME, hostname)"
+    )
     return p
 
 
@@ -111,9 +132,30 @@ def _once(cfg: AgentConfig, fmt: str) -> None:
         sys.stdout.write("\n")
 
 
+def _enroll(args: argparse.Namespace) -> None:
+    from edge_agent.enroll import enroll, gateway_address
+
+    cfg = load(args.config)
+    node = resolve_node_name(args.node_name or cfg.node_name, os.environ)
+    logs.setup(cfg.log_level, prefix=f"node={node}")
+    done = asyncio.run(
+        enroll(
+            cfg.gateway,
+            node=node,
+            gateway=gateway_address(cfg.gateway, args.gateway),
+            token_file=args.token_file,
+            fingerprint=args.host_ca_fingerprint,
+        )
+    )
+    print(done.report())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "enroll":
+            _enroll(args)
+            return 0
         cfg = _config(args)
         node = resolve_node_name(cfg.node_name, os.environ)
         logs.setup(cfg.log_level, prefix=f"node={node}")

@@ -76,6 +76,11 @@ class TunnelConfig:
     known_hosts: Path | None = None  # "@cert-authority * <host CA>" line(s) or a pinned key
     key: Path | None = None  # the node's private key
     certificate: Path | None = None  # default: <key>-cert.pub
+    # Renewal over the tunnel (edge_agent.renew): from 2/3 of the certificate's lifetime on,
+    # ask the gateway for a new one for this node; with renew_new_key, for a key made then.
+    # The key's and certificate's directory must be writable by the agent.
+    renew: bool = True
+    renew_new_key: bool = False
     # TCP handshake (a SYN nobody answers: a silent path, retried after a short pause)
     # and then the SSH handshake and login (a slow or refusing gateway: growing backoff).
     dial_timeout_seconds: float = 3.0

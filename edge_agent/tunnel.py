@@ -44,10 +44,12 @@ from tenacity import (
 )
 
 from edge_agent.config import TunnelConfig, heartbeat_seconds, silence_timeout
+from edge_agent.credentials import load_pair
 from edge_agent.dial import PathSilent, Rotation, dial, show
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
+from edge_agent.renew import Renewer
 from edge_agent.tunnel_stats import TUNNEL_FAMILIES, TunnelStats
 from gpurelay.asyncssh_hooks import hook_forwarded_open
 from gpurelay.model import SampleSink, Snapshot
@@ -107,19 +109,13 @@ class GatewayRefused(TunnelError):
 
 
 def load_client_key(cfg: TunnelConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCertificate]:
-    """Read the node key and certificate once, with errors that name the file."""
+    """Read the node key and certificate, with errors that name the file. Called at start
+    and again before every connection: a renewed certificate (edge_agent.renew) or one an
+    operator replaced is used from the next connection on."""
     assert cfg.key is not None
     cert_path = cfg.certificate_path
     assert cert_path is not None
-    try:
-        key = asyncssh.read_private_key(str(cfg.key))
-    except (OSError, asyncssh.KeyImportError) as exc:
-        raise AgentError(f"node key {cfg.key} cannot be used: {exc}") from exc
-    try:
-        cert = asyncssh.read_certificate(str(cert_path))
-    except (OSError, asyncssh.KeyImportError) as exc:
-        raise AgentError(f"node certificate {cert_path} cannot be used: {exc}") from exc
-    return key, cert
+    return load_pair(cfg.key, cert_path)
 
 
 def load_known_hosts(cfg: TunnelConfig) -> asyncssh.SSHKnownHosts:
@@ -165,6 +161,10 @@ class Tunnel:
         self.log = logging.LoggerAdapter(log, {"node": node})
         self._rotation = Rotation(cfg.gateways, node)
         self._addresses = [show(a) for a in self._rotation.addresses]
+        self.renewer = Renewer(cfg, node=node) if cfg.renew else None
+        if self.renewer is not None:
+            self.renewer.loaded(self._cert)
+        self._renewed = False  # the session ended for a renewed certificate: redial now
 
     def metrics(self, sink: SampleSink) -> None:
         """The tunnel's own series, added to every collection."""
@@ -187,6 +187,8 @@ class Tunnel:
         in_flight = len(dispatch.in_flight) if dispatch is not None and st.connected else 0
         sink.add("gpurelay_agent_gateway_in_flight_batches", (), in_flight)
         self.outbox.metrics(sink)
+        if self.renewer is not None:
+            self.renewer.metrics(sink)
 
     def publish(self, endpoints: Sequence[PublishedEndpoint]) -> None:
         """The endpoints offered on the next connection (the agent's port is known late)."""
@@ -213,6 +215,9 @@ class Tunnel:
                 why = "the session ended"
             except SessionEnded as exc:
                 why = f"the session ended: {exc}"
+            if self._renewed:  # the same gateway at once, with the new certificate
+                self._renewed = False
+                continue
             # An established session ended (gateway gone, restarting or crashed, or the link
             # died): a fresh backoff sequence, after a pause that spreads the herd; with a
             # list, from the next gateway on (the one that dropped it may be dying).
@@ -305,6 +310,7 @@ class Tunnel:
 
     async def _session(self, host: str, port: int) -> None:
         """One connection. Returns after an established session ends; raises before that."""
+        self._reload_credentials()
         try:
             sock = await dial(host, port, self._cfg.dial_timeout_seconds)
         except PathSilent as exc:
@@ -338,9 +344,21 @@ class Tunnel:
             self.stats.connected_since = time.time()
             self.log.info("connected to gateway %s:%d as %s", host, port, self._node)
             try:
-                await self._exchange(writer, reader)
+                await self._exchange(writer, reader, conn)
             finally:
                 self.stats.connected = False
+
+    def _reload_credentials(self) -> None:
+        """The key and certificate as they are on disk now; the last good ones if they
+        cannot be read (logged), so a bad file never stops a tunnel that worked."""
+        try:
+            self._key, self._cert = load_client_key(self._cfg)
+        except (AgentError, OSError) as exc:
+            self.log.error(
+                "node %s: %s; connecting with the credentials read before", self._node, exc
+            )
+        if self.renewer is not None:
+            self.renewer.loaded(self._cert)
 
     async def _handshake(
         self, host: str, port: int, sock: socket.socket
@@ -416,7 +434,10 @@ class Tunnel:
         hook_forwarded_open(conn, refused)
 
     async def _exchange(
-        self, writer: asyncssh.SSHWriter[bytes], reader: asyncssh.SSHReader[bytes]
+        self,
+        writer: asyncssh.SSHWriter[bytes],
+        reader: asyncssh.SSHReader[bytes],
+        conn: asyncssh.SSHClientConnection,
     ) -> None:
         frames = FrameEncoder()
         self._snapshots.reset()
@@ -431,14 +452,20 @@ class Tunnel:
         self._write(writer, frames.encode(hello))
         receiver = asyncio.create_task(self._receive(reader, silence))
         sender = asyncio.create_task(self._send_loop(writer, frames))
+        tasks = {receiver, sender}
+        renewal: asyncio.Task[None] | None = None
+        if self.renewer is not None:  # returns once a renewed certificate is on disk
+            renewal = asyncio.create_task(self.renewer.watch(conn, interval))
+            tasks.add(renewal)
         try:
-            done, _ = await asyncio.wait({receiver, sender}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # raises GatewayRefused / TunnelError where applicable
+            self._renewed = renewal in done
         finally:
-            for task in (receiver, sender):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(receiver, sender, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             writer.close()
 
     async def _send_loop(self, writer: asyncssh.SSHWriter[bytes], frames: FrameEncoder) -> None:

@@ -1,0 +1,333 @@
+"""``edge-agent enroll``: get this node's first certificate with a one-time token.
+
+The key is made here (or the configured one reused): the private key never leaves the box.
+The agent logs in to the gateway's SSH port as ``enroll:NODE`` with the token as its
+password, opens the ``gpurelay-enroll`` subsystem, writes its public key line and reads
+back the certificate the gateway signed with the fleet user CA (issue 17 §1, the contract
+in :mod:`gpurelay.enrollment`).
+
+The gateway is trusted through the agent's known_hosts file when it has one; otherwise
+only through ``--host-ca-fingerprint``, the host CA fingerprint ``cloud-gateway certs
+enroll-token`` printed: a host certificate signed by a CA of exactly that fingerprint is
+accepted (:class:`_PinnedHostCa`), and that CA is then written to known_hosts as an
+``@cert-authority`` line for every later connection. Without either the agent refuses:
+a token sent to an unverified host could be taken by whoever answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+from asyncssh.public_key import SSHOpenSSHCertificate
+
+from edge_agent.config import TunnelConfig, gateway_host_port
+from edge_agent.credentials import (
+    cert_validity,
+    expiry_text,
+    openssh_certificate,
+    write_atomic,
+)
+from edge_agent.errors import AgentError, ConfigError
+from gpurelay.enrollment import (
+    ENROLL_SUBSYSTEM,
+    EXIT_OK,
+    TokenError,
+    enroll_username,
+    parse_token,
+)
+from gpurelay.settings import SettingsError
+
+_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+ENROLL_TIMEOUT_SECONDS = 30.0
+
+
+class EnrollRefused(AgentError):
+    """The gateway (or the path to it) did not give this node a certificate."""
+
+
+def node_key(path: Path) -> tuple[asyncssh.SSHKey, bool]:
+    """The node's private key at ``path``, made (ed25519, mode 0600) when there is none;
+    True when it was made now."""
+    if path.exists():
+        try:
+            return asyncssh.read_private_key(str(path)), False
+        except (OSError, asyncssh.KeyImportError) as exc:
+            raise ConfigError(f"node key {path} cannot be used: {exc}") from exc
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(path, key.export_private_key(), 0o600)
+    except OSError as exc:
+        raise AgentError(f"cannot write the new node key {path}: {exc.strerror or exc}") from exc
+    return key, True
+
+
+# -- the gateway's host CA ---------------------------------------------------------------------
+
+
+def check_fingerprint(text: str) -> str:
+    text = text.strip()
+    if not _FINGERPRINT.fullmatch(text):
+        raise ConfigError(
+            f"--host-ca-fingerprint {text[:80]!r} is not a fingerprint like SHA256:<43 base64 "
+            "characters> (the one `cloud-gateway certs enroll-token` printed)"
+        )
+    return text
+
+
+class _PinnedHostCa(asyncssh.SSHClient):
+    """Trusts a gateway host certificate only when signed by the CA of ``fingerprint``;
+    remembers that CA key (for known_hosts) and what else it was shown (for the error)."""
+
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
+        self.ca_key: asyncssh.SSHKey | None = None
+        self.seen: list[str] = []
+
+    def validate_host_ca_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        fingerprint = key.get_fingerprint("sha256")
+        if fingerprint == self.fingerprint:
+            self.ca_key = key
+            return True
+        self.seen.append(fingerprint)
+        return False
+
+
+# -- enrolling ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Enrolled:
+    node: str
+    key: Path
+    new_key: bool
+    certificate: Path
+    serial: int
+    valid_before: int
+    known_hosts: Path
+    wrote_known_hosts: bool
+    ca_fingerprint: str
+
+    def report(self) -> str:
+        lines = [
+            f"enrolled node {self.node}: certificate serial {self.serial}, valid until "
+            f"{expiry_text(self.valid_before)}",
+            f"wrote      {self.certificate} (certificate, mode 0644)",
+            f"{'wrote ' if self.new_key else 'kept  '}     {self.key} (private key, mode 0600"
+            f"{', made here' if self.new_key else ', already there'})",
+        ]
+        if self.wrote_known_hosts:
+            lines.append(
+                f"wrote      {self.known_hosts} (@cert-authority {self.ca_fingerprint}, the "
+                "gateways' host CA)"
+            )
+        else:
+            lines.append(f"kept       {self.known_hosts} (already there, used as is)")
+        return "\n".join(lines)
+
+
+def read_token(path: Path, node: str, now: float) -> str:
+    """The token text from ``path``, checked for shape, node and expiry before anything is
+    sent (the gateway checks again, and the signature and single use)."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise ConfigError(f"--token-file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--token-file {path} cannot be read: {exc}") from exc
+    try:
+        token = parse_token(text)
+    except TokenError as exc:
+        raise ConfigError(f"--token-file {path} holds no enrollment token: {exc}") from exc
+    if token.node != node:
+        raise ConfigError(
+            f"the token in {path} is for node {token.node!r}, not this node {node!r}: make one "
+            f"for {node} (cloud-gateway certs enroll-token {node}), or set node_name"
+        )
+    if token.exp <= now:
+        raise ConfigError(
+            f"the token in {path} expired at {expiry_text(token.exp)}: make a new one "
+            f"(cloud-gateway certs enroll-token {node})"
+        )
+    return text
+
+
+def gateway_address(cfg: TunnelConfig, given: str | None) -> tuple[str, int]:
+    try:
+        if given:
+            return gateway_host_port(given, "--gateway")
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from exc
+    if cfg.gateways:
+        return cfg.gateways[0]
+    raise ConfigError("no gateway to enroll with: pass --gateway HOST:PORT")
+
+
+async def enroll(
+    cfg: TunnelConfig,
+    *,
+    node: str,
+    gateway: tuple[str, int],
+    token_file: Path,
+    fingerprint: str | None,
+    timeout: float = ENROLL_TIMEOUT_SECONDS,
+) -> Enrolled:
+    """Enroll ``node`` with the gateway; write the key (if new), certificate and known_hosts
+    (if absent). Raises ConfigError for bad input, EnrollRefused when no certificate came."""
+    if cfg.key is None or cfg.known_hosts is None:
+        raise ConfigError(
+            "gateway.key and gateway.known_hosts must be set in the agent's config (where the "
+            "key, its certificate and the gateway's host CA go); pass --config FILE"
+        )
+    cert_path = cfg.certificate_path
+    assert cert_path is not None
+    token = read_token(token_file, node, time.time())
+    if fingerprint is not None:
+        fingerprint = check_fingerprint(fingerprint)
+    have_known_hosts = cfg.known_hosts.exists()
+    if not have_known_hosts and fingerprint is None:
+        raise ConfigError(
+            f"{cfg.known_hosts} does not exist, so the gateway cannot be verified: pass "
+            "--host-ca-fingerprint SHA256:... as printed by `cloud-gateway certs enroll-token`"
+        )
+    key, new_key = node_key(cfg.key)
+    pinned = _PinnedHostCa(fingerprint or "")
+    host, port = gateway
+    certificate = await _request(
+        host,
+        port,
+        node=node,
+        token=token,
+        key=key,
+        cfg=cfg,
+        pinned=pinned,
+        have_known_hosts=have_known_hosts,
+        timeout=timeout,
+    )
+    _check_certificate(certificate, key, node)
+    try:
+        cert_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        write_atomic(cert_path, certificate.export_certificate(), 0o644)
+    except OSError as exc:
+        raise AgentError(
+            f"the gateway signed a certificate, but {cert_path} cannot be written: "
+            f"{exc.strerror or exc}"
+        ) from exc
+    wrote = False
+    ca_fingerprint = fingerprint or certificate.signing_key.get_fingerprint("sha256")
+    if not have_known_hosts and pinned.ca_key is not None:
+        line = b"@cert-authority * " + pinned.ca_key.export_public_key().strip() + b"\n"
+        cfg.known_hosts.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        write_atomic(cfg.known_hosts, line, 0o644)
+        wrote = True
+    validity = cert_validity(certificate)
+    return Enrolled(
+        node=node,
+        key=cfg.key,
+        new_key=new_key,
+        certificate=cert_path,
+        serial=validity.serial,
+        valid_before=validity.valid_before,
+        known_hosts=cfg.known_hosts,
+        wrote_known_hosts=wrote,
+        ca_fingerprint=(
+            pinned.ca_key.get_fingerprint("sha256") if pinned.ca_key else ca_fingerprint
+        ),
+    )
+
+
+async def _request(
+    host: str,
+    port: int,
+    *,
+    node: str,
+    token: str,
+    key: asyncssh.SSHKey,
+    cfg: TunnelConfig,
+    pinned: _PinnedHostCa,
+    have_known_hosts: bool,
+    timeout: float,
+) -> SSHOpenSSHCertificate:
+    # With no known_hosts file: an empty trust set, so that only the pinned CA's callback
+    # can accept the gateway (known_hosts=None would accept anyone; b"" would fall back to
+    # ~/.ssh/known_hosts).
+    known: asyncssh.SSHKnownHosts | str = (
+        str(cfg.known_hosts) if have_known_hosts else asyncssh.import_known_hosts("")
+    )
+    where = f"{host}:{port}"
+    try:
+        async with asyncio.timeout(timeout):
+            async with asyncssh.connect(
+                host,
+                port,
+                client_factory=lambda: pinned,
+                username=enroll_username(node),
+                password=token,
+                preferred_auth=["password"],
+                client_keys=None,
+                known_hosts=known,
+                agent_path=None,
+                config=None,
+                encryption_algs=list(cfg.ciphers),
+            ) as conn:
+                public = key.export_public_key("openssh").decode("ascii")
+                result = await conn.run(
+                    subsystem=ENROLL_SUBSYSTEM, input=public, check=False, encoding="utf-8"
+                )
+    except asyncssh.PermissionDenied as exc:
+        raise EnrollRefused(
+            f"the gateway {where} refused the token for node {node}: it was already used, or "
+            "the node is revoked, or the token was not made by this fleet's CA, or enrollment "
+            "is off on that gateway ([enroll] enabled); the gateway's log says which. Make a "
+            f"new token with `cloud-gateway certs enroll-token {node}`"
+        ) from exc
+    except asyncssh.HostKeyNotVerifiable as exc:
+        raise EnrollRefused(_host_untrusted(where, cfg, pinned, have_known_hosts, exc)) from exc
+    except asyncssh.KeyExchangeFailed as exc:
+        raise EnrollRefused(
+            _host_untrusted(where, cfg, pinned, have_known_hosts, exc)
+            if "host key" in exc.reason
+            else f"cannot agree on SSH algorithms with {where}: {exc.reason}"
+        ) from exc
+    except TimeoutError:
+        raise EnrollRefused(f"no answer from the gateway {where} within {timeout:g}s") from None
+    except (OSError, asyncssh.Error) as exc:
+        raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc
+    if result.exit_status != EXIT_OK:
+        reason = str(result.stderr or "").strip().splitlines()
+        said = reason[-1] if reason else f"exit status {result.exit_status}"
+        raise EnrollRefused(f"the gateway {where} refused to enroll node {node}: {said[:300]}")
+    try:
+        return openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
+    except (asyncssh.KeyImportError, ValueError) as exc:
+        raise EnrollRefused(f"the gateway {where} answered no certificate: {exc}") from exc
+
+
+def _host_untrusted(
+    where: str, cfg: TunnelConfig, pinned: _PinnedHostCa, have_known_hosts: bool, exc: Exception
+) -> str:
+    if have_known_hosts:
+        return (
+            f"the gateway {where} is not trusted by {cfg.known_hosts} ({exc}); the token was "
+            "not sent"
+        )
+    shown = f" (its host certificate is signed by {', '.join(pinned.seen)})" if pinned.seen else ""
+    return (
+        f"the gateway {where} did not show a host certificate signed by the host CA "
+        f"{pinned.fingerprint}{shown}; the token was not sent. Check --host-ca-fingerprint "
+        "against the one `cloud-gateway certs enroll-token` printed"
+    )
+
+
+def _check_certificate(cert: SSHOpenSSHCertificate, key: asyncssh.SSHKey, node: str) -> None:
+    if cert.key.public_data != key.public_data:
+        raise EnrollRefused("the gateway's certificate is for another key than this node's")
+    if list(cert.principals) != [node]:
+        raise EnrollRefused(
+            f"the gateway's certificate names {list(cert.principals)}, not node {node}"
+        )
