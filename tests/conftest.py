@@ -61,6 +61,20 @@ def prometheus_bin() -> Path:
     return required_tool("prometheus", "EDGE_GPU_RELAY_REQUIRE_PROMETHEUS", "prometheus")
 
 
+@pytest.fixture(scope="session")
+def buildah_bin() -> Path:
+    """buildah, with debootstrap and root, which deploy/images/build.sh needs; skips without
+    them, fails instead when CI sets EDGE_GPU_RELAY_REQUIRE_BUILDAH=1."""
+    variable = "EDGE_GPU_RELAY_REQUIRE_BUILDAH"
+    if os.geteuid() != 0:
+        msg = "building images needs root (debootstrap, chroot)"
+        if os.environ.get(variable) == "1":
+            pytest.fail(f"{msg}; {variable}=1 makes this a failure")
+        pytest.skip(msg)
+    required_tool("debootstrap", variable, "debootstrap")
+    return required_tool("buildah", variable, "buildah")
+
+
 @contextlib.contextmanager
 def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` at ``mnt`` (root only) for full-disk tests; skips without the

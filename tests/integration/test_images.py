@@ -1,0 +1,356 @@
+"""deploy/images/build.sh, run for real: both OCI archives are built (debootstrap, buildah
+with a private vfs storage), unpacked like a runtime would, and run without a container
+runtime (none here: no runc, no crun): the image's entrypoint and command, its environment
+and its user, in a chroot in a private mount namespace with /proc and /dev. The gateway,
+its PKI made by the image's own `cloud-gateway certs`, serves /healthz as uid 65532 on a
+loopback port, and the agent image (simulated GPUs) pushes to it over SSH.
+
+Needs root, buildah, debootstrap and deb.debian.org/PyPI (`buildah_bin` skips without
+them, fails under EDGE_GPU_RELAY_REQUIRE_BUILDAH=1). The debootstrapped root filesystem is
+made once per session (EDGE_GPU_RELAY_IMAGE_CACHE: a directory kept between runs instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cloud_gateway.config import GatewayConfig, HttpConfig, SshConfig
+from gpurelay.version import installed_version
+from harness.ports import free_ports
+from harness.process import Process
+from harness.services import gateway_toml
+from harness.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "deploy" / "images" / "build.sh"
+VENV = "/opt/edge-gpu-relay/venv"
+GATEWAY_UID = 65532
+TOKEN = "image-test-token"
+NODE = "image-node"
+
+# Run a command in an unpacked image: a private mount namespace (the mounts vanish with
+# the process), /proc and /dev as a runtime gives them, then chroot as the image's user.
+IN_IMAGE = """set -e
+root=$1 user=$2; shift 2
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+exec chroot --userspec="$user" "$root" "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Image:
+    archive: Path
+    rootfs: Path
+    manifest: dict[str, Any]
+    config: dict[str, Any]  # the OCI image config's "config" object
+    ref_name: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.config.get("Env", []))
+
+    def argv(self, args: Sequence[str] | None = None) -> list[str]:
+        """The process a runtime starts: entrypoint + (args or the image's command),
+        as the image's user."""
+        command = self.config.get("Cmd", []) if args is None else list(args)
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            IN_IMAGE,
+            "sh",
+            str(self.rootfs),
+            self.config["User"],
+            *self.config["Entrypoint"],
+            *command,
+        ]
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+
+def unpack(archive: Path, dest: Path) -> Image:
+    """The OCI archive's one image: its manifest and config, its layers extracted in order
+    into dest/rootfs (as root, numeric owners, as a runtime's snapshotter does)."""
+    layout = dest / "layout"
+    layout.mkdir(parents=True)
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(layout)], check=True, timeout=300)
+
+    def blob(digest: str) -> Path:
+        algorithm, _, hexdigest = digest.partition(":")
+        return layout / "blobs" / algorithm / hexdigest
+
+    index = json.loads((layout / "index.json").read_text())
+    [entry] = index["manifests"]
+    manifest = json.loads(blob(entry["digest"]).read_text())
+    config = json.loads(blob(manifest["config"]["digest"]).read_text())
+    rootfs = dest / "rootfs"
+    rootfs.mkdir()
+    for layer in manifest["layers"]:
+        subprocess.run(
+            ["tar", "--numeric-owner", "-xf", str(blob(layer["digest"])), "-C", str(rootfs)],
+            check=True,
+            timeout=300,
+        )
+    shutil.rmtree(layout)
+    return Image(
+        archive=archive,
+        rootfs=rootfs,
+        manifest=manifest,
+        config=config["config"],
+        ref_name=entry["annotations"]["org.opencontainers.image.ref.name"],
+    )
+
+
+@pytest.fixture(scope="module")
+def images(
+    buildah_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Image]]:
+    tmp = tmp_path_factory.mktemp("images")
+    cache = os.environ.get("EDGE_GPU_RELAY_IMAGE_CACHE") or str(tmp / "cache")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGE_AGENT_", "CLOUD_"))}
+    env["PATH"] = f"{env.get('PATH', '')}:/usr/sbin:/sbin"  # debootstrap, chroot
+    started = time.monotonic()
+    build = subprocess.run(
+        ["bash", str(SCRIPT), "--out", str(tmp / "out"), "--cache", cache],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    print(f"build.sh: {time.monotonic() - started:.0f} s\n{build.stdout}")
+    assert not list((tmp / "out").glob(".work.*")), "build.sh left its work dir behind"
+    version = installed_version()
+    try:
+        yield {
+            name: unpack(tmp / "out" / f"{name}-{version}.tar", tmp / name)
+            for name in ("cloud-gateway", "edge-agent")
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # about 1 GB: unpacked trees, archives, cache
+
+
+def test_build_script_is_shellcheck_clean() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        msg = "shellcheck not found (Debian package shellcheck)"
+        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_SHELLCHECK") == "1":
+            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_SHELLCHECK=1 makes this a failure")
+        pytest.skip(msg)
+    proc = subprocess.run(
+        [shellcheck, "--shell=bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _labels(image: Image) -> Mapping[str, str]:
+    labels: Mapping[str, str] = image.config["Labels"]
+    return labels
+
+
+def test_gateway_image_config(images: dict[str, Image]) -> None:
+    gateway = images["cloud-gateway"]
+    version = installed_version()
+    assert gateway.ref_name == f"ghcr.io/edge-gpu-relay/cloud-gateway:{version}"
+    assert gateway.config["User"] == f"{GATEWAY_UID}:{GATEWAY_UID}"
+    assert gateway.config["Entrypoint"] == [f"{VENV}/bin/cloud-gateway"]
+    assert gateway.config["Cmd"] == ["run", "--config", "/etc/edge-gpu-relay/gateway.toml"]
+    assert set(gateway.config["ExposedPorts"]) == {"2222/tcp", "9410/tcp"}
+    assert gateway.env["PATH"].startswith(f"{VENV}/bin:")
+    labels = _labels(gateway)
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.title"] == "cloud-gateway"
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+    revision = labels["org.opencontainers.image.revision"]
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", revision), revision
+    known = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", revision.removesuffix("-dirty")],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert known.returncode == 0, f"{revision} is not a commit of this repository"
+    # the user exists in the image, without a login shell or a home
+    passwd = (gateway.rootfs / "etc" / "passwd").read_text().splitlines()
+    entry = (
+        f"cloud-gateway:x:{GATEWAY_UID}:{GATEWAY_UID}:cloud-gateway:/nonexistent:/usr/sbin/nologin"
+    )
+    assert entry in passwd
+
+
+def test_agent_image_config(images: dict[str, Image]) -> None:
+    agent, gateway = images["edge-agent"], images["cloud-gateway"]
+    assert agent.ref_name == f"ghcr.io/edge-gpu-relay/edge-agent:{installed_version()}"
+    assert agent.config["User"] == "0:0"  # NVML and the host's /proc, see build.sh
+    assert agent.config["Entrypoint"] == [f"{VENV}/bin/edge-agent"]
+    assert agent.config["Cmd"] == ["run", "--config", "/etc/edge-gpu-relay/agent.toml"]
+    assert set(agent.config["ExposedPorts"]) == {"9400/tcp"}
+    assert agent.env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert _labels(agent)["org.opencontainers.image.title"] == "edge-agent"
+    # one filesystem, one layer: a node that pulls both stores it once
+    assert [layer["digest"] for layer in agent.manifest["layers"]] == [
+        layer["digest"] for layer in gateway.manifest["layers"]
+    ]
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in gateway.env
+
+
+def test_images_are_stripped(images: dict[str, Image]) -> None:
+    root = images["cloud-gateway"].rootfs
+    assert not list((root / "usr/share/man").glob("*"))
+    assert not list((root / "var/lib/apt/lists").glob("*"))
+    assert not (root / "root/.cache").exists()
+    site = root / "opt/edge-gpu-relay/venv/lib/python3.11/site-packages"
+    assert (site / "cloud_gateway").is_dir() and not (site / "pip").exists()
+    docs = [p for p in (root / "usr/share/doc").rglob("*") if p.is_file()]
+    assert docs and all(p.name == "copyright" for p in docs), "Debian's copyright files stay"
+    for image in images.values():
+        print(f"{image.archive.name}: {image.archive.stat().st_size / 2**20:.0f} MiB")
+
+
+@pytest.mark.parametrize("name", ["cloud-gateway", "edge-agent"])
+def test_entrypoint_runs_as_the_image_user(images: dict[str, Image], name: str) -> None:
+    proc = images[name].run("--version")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == f"{name} {installed_version()}"
+
+
+def _in_image_process(image: Image, name: str, log: Path) -> Process:
+    return Process(name, image.argv(), log, image.env)
+
+
+def _uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            real, effective, *_ = line.split()[1:]
+            assert real == effective
+            return int(real)
+    raise AssertionError(f"no Uid line for {pid}")
+
+
+def _as(image: Image, *args: str) -> str:
+    proc = image.run(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_gateway_and_agent_images_run_together(images: dict[str, Image], tmp_path: Path) -> None:
+    gateway, agent = images["cloud-gateway"], images["edge-agent"]
+    # The fleet PKI, made by the gateway image's own CLI, as its user, in its /tmp.
+    ca = Path("/tmp/ca")
+    _as(gateway, "certs", "init-ca", "--dir", str(ca))
+    _as(gateway, "certs", "issue-gateway", "localhost", "--name", "127.0.0.1", "--ca-dir", str(ca))
+    _as(gateway, "certs", "issue-node", NODE, "--ca-dir", str(ca))
+    ssh_port, http_port, agent_port = free_ports(3)
+    config = GatewayConfig(
+        drain_seconds=1.0,
+        ssh=SshConfig(
+            listen=f"127.0.0.1:{ssh_port}",
+            host_key=ca / "gateways" / "localhost",
+            user_ca=ca / "user_ca.pub",
+            revocation_file=ca / "revocations",
+        ),
+        http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
+    )
+    (gateway.rootfs / "etc/edge-gpu-relay/gateway.toml").write_text(gateway_toml(config))
+
+    # The agent's files, as the DaemonSet's Secret would mount them.
+    certs = agent.rootfs / "etc/edge-gpu-relay/certs"
+    certs.mkdir()
+    host_ca = gateway.rootfs / ca.relative_to("/")
+    shutil.copy(host_ca / "known_hosts", certs / "known_hosts")
+    for suffix in ("", "-cert.pub"):
+        shutil.copy(host_ca / "nodes" / f"{NODE}{suffix}", certs / f"{NODE}.key{suffix}")
+    (agent.rootfs / "etc/edge-gpu-relay/agent.toml").write_text(
+        f"""node_name = "{NODE}"
+listen = "127.0.0.1:{agent_port}"
+interval_seconds = 1.0
+
+[simulate]
+gpus = 2
+
+[gateway]
+address = "127.0.0.1:{ssh_port}"
+known_hosts = "/etc/edge-gpu-relay/certs/known_hosts"
+key = "/etc/edge-gpu-relay/certs/{NODE}.key"
+backoff_initial_seconds = 0.2
+backoff_max_seconds = 1.0
+
+[spool]
+directory = "/var/lib/edge-gpu-relay/spool"
+"""
+    )
+
+    gw = _in_image_process(gateway, "cloud-gateway image", tmp_path / "gateway.log")
+    ag = _in_image_process(agent, "edge-agent image", tmp_path / "agent.log")
+    base = f"http://127.0.0.1:{http_port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        gw.start()
+        wait_until(
+            lambda: httpx.get(f"{base}/healthz", timeout=5).status_code == 200,
+            90,
+            "the gateway image's /healthz",
+            alive=[gw],
+        )
+        # unshare, sh and chroot exec'd one another: the process is the gateway itself
+        assert _uid_of(gw.pid) == GATEWAY_UID
+        assert "cloud-gateway" in Path(f"/proc/{gw.pid}/cmdline").read_text()
+
+        ag.start()
+        wait_until(
+            lambda: (
+                httpx.get(f"http://127.0.0.1:{agent_port}/healthz", timeout=5).status_code == 200
+            ),
+            90,
+            "the agent image's /healthz",
+            alive=[ag, gw],
+        )
+        assert _uid_of(ag.pid) == 0
+
+        def node_online() -> bool:
+            nodes = httpx.get(f"{base}/api/v1/nodes", headers=auth, timeout=5).json()["nodes"]
+            return [(n["name"], n["state"], n["gpu_count"]) for n in nodes] == [(NODE, "online", 2)]
+
+        wait_until(node_online, 90, f"{NODE} online at the gateway", alive=[ag, gw])
+        metrics = httpx.get(f"{base}/metrics", headers=auth, timeout=10).text
+        assert any(
+            line.startswith("DCGM_FI_DEV_GPU_UTIL{") and NODE in line
+            for line in metrics.splitlines()
+        ), gw.tail()
+    except BaseException:
+        print(gw.tail(), ag.tail(), sep="\n")
+        raise
+    finally:
+        agent_status = ag.stop()
+        gateway_status = gw.stop()
+    assert gateway_status == 0, gw.tail()
+    assert agent_status == 0, ag.tail()
