@@ -874,3 +874,36 @@ def test_hardened_security_context(path: Path, workload: Doc) -> None:
     assert security.get("privileged") is not True
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert container["image"].endswith(":0.1.0"), "pinned tag, not :latest"
+
+
+IMAGES_SCRIPT = ROOT / "deploy" / "images" / "build.sh"
+
+
+def _build_script_default(name: str) -> str:
+    match = re.search(
+        rf"^{name}=\$\{{{name}:-([^}}]+)\}}$|^{name}=(\S+)$", IMAGES_SCRIPT.read_text(), re.M
+    )
+    assert match, f"{name} not set in {IMAGES_SCRIPT}"
+    return match.group(1) or match.group(2)
+
+
+@pytest.mark.parametrize(
+    ("path", "workload"),
+    OUR_WORKLOADS,
+    ids=[f"{p.name}:{d['metadata']['name']}" for p, d in OUR_WORKLOADS],
+)
+def test_image_is_the_one_build_script_makes(path: Path, workload: Doc) -> None:
+    """deploy/images/build.sh names its archives' images PREFIX/BINARY:VERSION: the name the
+    manifest runs (imported with ctr, IfNotPresent finds it), and the gateway's uid is the
+    one the pod runs as (fsGroup reads the Secrets)."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    container = only_container(workload)
+    binary = container["command"][0]
+    assert binary in {"cloud-gateway", "edge-agent"}
+    prefix = _build_script_default("IMAGE_PREFIX")
+    assert container["image"] == f"{prefix}/{binary}:{version}"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    if binary == "cloud-gateway":
+        uid = int(_build_script_default("GATEWAY_UID"))
+        security = pod_spec(workload)["securityContext"]
+        assert (security["runAsUser"], security["runAsGroup"], security["fsGroup"]) == (uid,) * 3
