@@ -391,6 +391,8 @@ def custom_shape_problems(doc: Doc) -> list[str]:
     spec = doc.get("spec")
     if not isinstance(spec, dict) or not spec:
         return [*problems, "spec must be a non-empty mapping"]
+    if doc["kind"] == "PrometheusRule":
+        return problems + prometheus_rule_problems(spec)
     if doc["kind"] != "ServiceMonitor":
         return problems
     problems += [f"unknown spec field {k}" for k in sorted(set(spec) - SERVICE_MONITOR_SPEC_FIELDS)]
@@ -412,6 +414,53 @@ def custom_shape_problems(doc: Doc) -> list[str]:
                 for k in sorted(set(rule) - RELABEL_FIELDS)
             ]
     return problems
+
+
+# Fields of a PrometheusRule's groups and rules (monitoring.coreos.com/v1 RuleGroup, Rule).
+RULE_GROUP_FIELDS = frozenset(
+    {"name", "interval", "rules", "limit", "partial_response_strategy", "query_offset", "labels"}
+)
+RULE_FIELDS = frozenset(
+    {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+)
+
+
+def prometheus_rule_problems(spec: Doc) -> list[str]:
+    problems = [f"unknown spec field {k}" for k in sorted(set(spec) - {"groups"})]
+    groups = spec.get("groups")
+    if not isinstance(groups, list) or not groups:
+        return [*problems, "spec.groups must be a non-empty list"]
+    for i, group in enumerate(groups):
+        where = f"spec.groups[{i}]"
+        problems += [f"{where}: unknown field {k}" for k in sorted(set(group) - RULE_GROUP_FIELDS)]
+        for j, rule in enumerate(group.get("rules") or [None]):
+            if not isinstance(rule, dict) or not rule.get("expr"):
+                problems.append(f"{where}.rules[{j}]: needs expr")
+                continue
+            problems += [
+                f"{where}.rules[{j}]: unknown field {k}" for k in sorted(set(rule) - RULE_FIELDS)
+            ]
+            if ("alert" in rule) == ("record" in rule):
+                problems.append(f"{where}.rules[{j}]: needs alert or record, not both")
+    return problems
+
+
+def test_the_prometheus_rule_holds_exactly_the_groups_of_alerts_yml() -> None:
+    rule = find(K8S / "prometheus-rules.yaml", "PrometheusRule")
+    with (PROMETHEUS / "alerts.yml").open(encoding="utf-8") as f:
+        shipped = yaml.safe_load(f)["groups"]
+    assert rule["spec"]["groups"] == shipped
+    assert rule["metadata"]["namespace"] == find(GATEWAY_FILE, "Namespace")["metadata"]["name"]
+
+
+def test_a_prometheus_rule_with_a_typo_is_refused() -> None:
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "x"},
+        "spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "1", "fro": "5m"}]}]},
+    }
+    assert custom_shape_problems(doc) == ["spec.groups[0].rules[0]: unknown field fro"]
 
 
 def test_the_manifests_are_there() -> None:
