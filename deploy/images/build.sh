@@ -116,7 +116,12 @@ read -r pyver libc machine < <(in_root python3 -c \
     'import platform, sys; print("%d%d" % sys.version_info[:2], platform.libc_ver()[1], platform.machine())')
 step "wheels for CPython $pyver, glibc $libc, $machine"
 mkdir -p "$WORK/wheels"
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$WORK/wheels" "$REPO"
+# from a clean copy of what the wheel holds: an in-tree build would leave build/ and
+# *.egg-info here, and setuptools packs modules left in an old build/lib
+mkdir -p "$WORK/src"
+tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md \
+    gpurelay edge_agent cloud_gateway | tar -C "$WORK/src" -xf -
+"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$WORK/wheels" "$WORK/src"
 ours=$(find "$WORK/wheels" -name 'edge_gpu_relay-*.whl' -print -quit)
 [ -n "$ours" ] || die "pip wheel made no edge_gpu_relay wheel"
 platforms=()
