@@ -125,34 +125,67 @@ def unpack(archive: Path, dest: Path) -> Image:
     )
 
 
+@dataclass(frozen=True)
+class Builds:
+    tmp: Path
+    cache: str  # the debootstrapped root filesystem, made by the first build
+
+    def run(self, out: Path, **environ: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGE_AGENT_", "CLOUD_"))}
+        env["PATH"] = f"{env.get('PATH', '')}:/usr/sbin:/sbin"  # debootstrap, chroot
+        return subprocess.run(
+            ["bash", str(SCRIPT), "--out", str(out), "--cache", self.cache],
+            env=env | environ,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+
+
 @pytest.fixture(scope="module")
-def images(
-    buildah_bin: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Image]]:
+def builds(buildah_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds]:
     tmp = tmp_path_factory.mktemp("images")
-    cache = os.environ.get("EDGE_GPU_RELAY_IMAGE_CACHE") or str(tmp / "cache")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGE_AGENT_", "CLOUD_"))}
-    env["PATH"] = f"{env.get('PATH', '')}:/usr/sbin:/sbin"  # debootstrap, chroot
-    started = time.monotonic()
-    build = subprocess.run(
-        ["bash", str(SCRIPT), "--out", str(tmp / "out"), "--cache", cache],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
-    print(f"build.sh: {time.monotonic() - started:.0f} s\n{build.stdout}")
-    assert not list((tmp / "out").glob(".work.*")), "build.sh left its work dir behind"
-    version = installed_version()
     try:
-        yield {
-            name: unpack(tmp / "out" / f"{name}-{version}.tar", tmp / name)
-            for name in ("cloud-gateway", "edge-agent")
-        }
+        yield Builds(tmp, os.environ.get("EDGE_GPU_RELAY_IMAGE_CACHE") or str(tmp / "cache"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # about 1 GB: unpacked trees, archives, cache
+
+
+@pytest.fixture(scope="module")
+def images(builds: Builds) -> dict[str, Image]:
+    out = builds.tmp / "out"
+    started = time.monotonic()
+    build = builds.run(out)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    print(f"build.sh: {time.monotonic() - started:.0f} s\n{build.stdout}")
+    assert not list(out.glob(".work.*")), "build.sh left its work dir behind"
+    version = installed_version()
+    return {
+        name: unpack(out / f"{name}-{version}.tar", builds.tmp / name)
+        for name in ("cloud-gateway", "edge-agent")
+    }
+
+
+def _mounts_under(path: Path) -> list[str]:
+    return [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(str(path))
+    ]
+
+
+def test_a_failed_build_leaves_nothing_behind(builds: Builds, images: dict[str, Image]) -> None:
+    """pip finds no index (after the root filesystem is unpacked and /proc mounted in it):
+    the build fails with pip's message, and its work dir, buildah storage and mounts go."""
+    out = builds.tmp / "failed"
+    proc = builds.run(
+        out, PIP_CONFIG_FILE="/dev/null", PIP_NO_INDEX="1", PIP_FIND_LINKS="", PIP_INDEX_URL=""
+    )
+    assert proc.returncode != 0
+    assert "==> wheels for CPython" in proc.stdout, proc.stdout + proc.stderr
+    assert list(out.iterdir()) == [], "no archive, no work dir"
+    assert _mounts_under(builds.tmp) == []
 
 
 def test_build_script_is_shellcheck_clean() -> None:
