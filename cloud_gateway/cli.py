@@ -32,7 +32,11 @@ def _run(args: argparse.Namespace) -> int:
     from cloud_gateway.config import load
 
     cfg = load(args.config)
-    logs.setup(cfg.log_level)
+    logs.setup(
+        cfg.log_level,
+        log_format=cfg.log_format,
+        fields={"gateway": cfg.cluster.resolved_gateway_id()},
+    )
     asyncio.run(serve(cfg))
     return 0
 

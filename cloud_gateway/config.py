@@ -19,6 +19,7 @@ from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.liveness import LivenessPolicy
 from cloud_gateway.proxy_listener import parse_networks
 from cloud_gateway.remote_write import RemoteWriteConfig
+from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
@@ -150,6 +151,7 @@ class RegistrySection:
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one JSON object per line (gpurelay.logs)
     drain_seconds: float = 5.0
     ssh: SshConfig = field(default_factory=SshConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -183,6 +185,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         split_host_port(cfg.http.listen, "http.listen")
     except SettingsError as exc:
         raise GatewayConfigError(str(exc)) from exc
+    if cfg.log_format not in LOG_FORMATS:
+        raise GatewayConfigError(f"log_format must be text or json, not {cfg.log_format!r}")
     cfg.http.web_config()  # a bad file is an error at load, not at the first scrape
     cfg.registry.liveness()  # the thresholds make sense together
     if cfg.registry.offline_grace_seconds < 0:

@@ -137,7 +137,7 @@ def _enroll(args: argparse.Namespace) -> None:
 
     cfg = load(args.config)
     node = resolve_node_name(args.node_name or cfg.node_name, os.environ)
-    logs.setup(cfg.log_level, prefix=f"node={node}")
+    _log_setup(cfg, node)
     done = asyncio.run(
         enroll(
             cfg.gateway,
@@ -150,6 +150,13 @@ def _enroll(args: argparse.Namespace) -> None:
     print(done.report())
 
 
+def _log_setup(cfg: AgentConfig, node: str) -> None:
+    """Every line names the node: a prefix in text, a field in JSON."""
+    logs.setup(
+        cfg.log_level, prefix=f"node={node}", log_format=cfg.log_format, fields={"node": node}
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = _config(args)
         node = resolve_node_name(cfg.node_name, os.environ)
-        logs.setup(cfg.log_level, prefix=f"node={node}")
+        _log_setup(cfg, node)
         if args.command == "once":
             _once(cfg, args.format)
         else:

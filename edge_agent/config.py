@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
+from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
@@ -197,6 +198,7 @@ class AgentConfig:
     process_interval_seconds: float = 10.0
     counters_file: Path | None = None
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one JSON object per line (gpurelay.logs)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     gateway: TunnelConfig = field(default_factory=TunnelConfig)
@@ -298,6 +300,8 @@ def _validate(cfg: AgentConfig) -> None:
         )
     if cfg.log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("log_level must be one of debug, info, warning, error")
+    if cfg.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format must be text or json, not {cfg.log_format!r}")
     sp = cfg.spool
     if sp.max_bytes <= 0 or sp.max_age_seconds <= 0:
         raise ConfigError("spool.max_bytes and spool.max_age_seconds must be > 0")

@@ -1,4 +1,5 @@
-"""Logging for both binaries: one line per record, readable in a terminal and in journald.
+"""Logging for both binaries: one line per record, readable in a terminal and in journald,
+or one JSON object per line for Loki or Elasticsearch (``log_format = "json"``).
 
 Under systemd (``JOURNAL_STREAM`` is set) each line starts with a ``<N>`` syslog priority,
 which journald turns into the entry's level (``journalctl -p warning`` works), and carries
@@ -7,11 +8,20 @@ no timestamp of its own (journald adds one). In a terminal, lines carry a UTC ti
 One record is one line: what a node or client sent is ``%r``-quoted where it is logged,
 and as a backstop the formatters escape any control character left in a message (a CR/LF
 or an ANSI escape can never forge a line or repaint a terminal). Tracebacks keep their
-lines.
+lines in text; in JSON they are the ``exception`` field, on the record's one line.
+
+A JSON line: ``time`` (RFC 3339, UTC, milliseconds), ``level``, ``logger``, ``message``
+(escaped as in text, so a viewer that decodes the JSON still prints no control
+character), then ``node``, ``gateway`` and ``client`` where the record carries them (a
+LoggerAdapter's or ``extra``'s ``node``, a ``*.node.NAME`` child logger, or the process's
+own fields given to :func:`setup`), then ``exception`` and ``stack``. Under systemd the
+JSON object follows the ``<N>`` prefix, which journald strips: the entry's MESSAGE is the
+object, its level the entry's priority.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -27,8 +37,13 @@ _PRIORITY = {
     logging.DEBUG: 7,
 }
 
+FORMATS = ("text", "json")
+# Fields a record may carry (LoggerAdapter extra, logging's extra=) that a JSON line shows.
+CONTEXT_FIELDS = ("node", "gateway", "client")
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+_NODE_LOGGER = re.compile(r"\.node\.(.+)$")  # cloud_gateway.ssh_server.node.NAME
 
 
 def escape_controls(text: str) -> str:
@@ -52,22 +67,86 @@ class JournalFormatter(OneLineFormatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
 
 
-def setup(level: str, prefix: str = "", environ: Mapping[str, str] | None = None) -> None:
-    """Configure the root logger once; ``prefix`` goes before the logger name (node=...)."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line whatever the record holds.
+
+    ``fields`` are the process's own (the agent's ``node``, the gateway's ``gateway``);
+    a record's own value of the same field wins. ``journal``: prefix the ``<N>`` priority.
+    """
+
+    def __init__(self, fields: Mapping[str, str] | None = None, *, journal: bool = False):
+        super().__init__()
+        self.fields = dict(fields or {})
+        self.journal = journal
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, str] = {
+            "time": rfc3339(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": escape_controls(record.getMessage()),
+        }
+        entry.update(self.fields)
+        named = _NODE_LOGGER.search(record.name)
+        if named:
+            entry["node"] = named.group(1)
+        for name in CONTEXT_FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None and value != "":
+                entry[name] = escape_controls(str(value))
+        if record.exc_info:
+            record.exc_text = record.exc_text or self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["exception"] = _CONTROL_BUT_NEWLINE.sub(
+                lambda m: repr(m.group())[1:-1], record.exc_text
+            )
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        # ensure_ascii: every control character (and U+2028/9) leaves as an escape
+        line = json.dumps(entry, ensure_ascii=True, separators=(",", ":"))
+        if self.journal:
+            return f"<{_PRIORITY.get(record.levelno, 6)}>{line}"
+        return line
+
+
+def rfc3339(created: float) -> str:
+    """``2026-11-24T10:09:54.123Z``: UTC with milliseconds."""
+    seconds = int(created)
+    millis = int((created - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def setup(
+    level: str,
+    prefix: str = "",
+    environ: Mapping[str, str] | None = None,
+    *,
+    log_format: str = "text",
+    fields: Mapping[str, str] | None = None,
+) -> None:
+    """Configure the root logger once; ``prefix`` goes before the logger name (node=...) in
+    text, ``fields`` into every JSON line (``{"node": ...}``)."""
+    if log_format not in FORMATS:
+        raise ValueError(f"log_format must be text or json, not {log_format!r}")
     env = os.environ if environ is None else environ
-    head = f"{prefix} " if prefix else ""
-    body = head.replace("%", "%%") + "%(name)s: %(message)s"
+    journal = bool(env.get("JOURNAL_STREAM"))
     handler = logging.StreamHandler(sys.stderr)
-    if env.get("JOURNAL_STREAM"):
-        handler.setFormatter(JournalFormatter("%(levelname)s " + body))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(fields, journal=journal))
     else:
-        formatter = OneLineFormatter(
-            "%(asctime)s %(levelname)s " + body, datefmt="%Y-%m-%dT%H:%M:%SZ"
-        )
-        formatter.converter = time.gmtime
-        handler.setFormatter(formatter)
+        handler.setFormatter(text_formatter(prefix, journal=journal))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def text_formatter(prefix: str = "", *, journal: bool = False) -> logging.Formatter:
+    head = f"{prefix} " if prefix else ""
+    body = head.replace("%", "%%") + "%(name)s: %(message)s"
+    if journal:
+        return JournalFormatter("%(levelname)s " + body)
+    formatter = OneLineFormatter("%(asctime)s %(levelname)s " + body, datefmt="%Y-%m-%dT%H:%M:%SZ")
+    formatter.converter = time.gmtime
+    return formatter

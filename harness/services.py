@@ -53,7 +53,8 @@ def gateway_toml(cfg: GatewayConfig) -> str:
 class GatewayProc(Process):
     """The gateway: SSH and HTTP on free loopback ports, the fleet's user CA, the operator
     token ``harness.fleet.TOKEN``; remote write to ``remote_write_url`` (the receiver's base
-    URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``.
+    URL) when one is given. Its config is ``tmp/gateway.toml``, its log ``tmp/gateway.log``
+    (``log_format = "json"``: one JSON object per line).
     ``ssh_host``: the SSH listener's address instead of loopback (an
     :class:`harness.netns.Uplink`'s ``gateway_host``; the PKI must name it); ``registry``:
     keys of its ``[registry]`` section (liveness thresholds); ``cluster``: its ``[cluster]``
@@ -66,6 +67,7 @@ class GatewayProc(Process):
         remote_write_url: str = "",
         *,
         log_level: str = "info",
+        log_format: str = "text",
         ssh_host: str = "127.0.0.1",
         registry: Mapping[str, Any] | None = None,
         cluster: ClusterSection | None = None,
@@ -85,7 +87,9 @@ class GatewayProc(Process):
             remote_write = dataclasses.replace(
                 remote_write, url=f"{remote_write_url}/api/v1/write", max_backoff_seconds=1.0
             )
-        self.config = dataclasses.replace(cfg, log_level=log_level, remote_write=remote_write)
+        self.config = dataclasses.replace(
+            cfg, log_level=log_level, log_format=log_format, remote_write=remote_write
+        )
         path = tmp / "gateway.toml"
         path.write_text(gateway_toml(self.config))
         if load_gateway_config(path, {}) != self.config:
