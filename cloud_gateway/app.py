@@ -40,11 +40,12 @@ from cloud_gateway.ingest import Ingest
 from cloud_gateway.peers import PeerClient, start_peer_listener
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.proxy_listener import proxied_listener
-from cloud_gateway.registry import Registry, RegistryConfig
+from cloud_gateway.registry import FB_FAMILIES, Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_server import CertificatePolicy, SshServer, node_log
+from cloud_gateway.ui_history import UI_FAMILIES
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port
 from gpurelay.web_config import BasicAuth
@@ -91,6 +92,7 @@ class Gateway:
                 offline_grace=cfg.registry.offline_grace_seconds,
                 max_series_per_node=cfg.ssh.max_series_per_node,
                 node_label=cfg.registry.node_label,
+                tracked_families=FB_FAMILIES | UI_FAMILIES,  # read by /ui
             )
         )
         self.exposition = Exposition(self.registry)
@@ -280,6 +282,8 @@ class Gateway:
                 node,
                 self.cfg.registry.offline_grace_seconds,
             )
+        views = self.registry.nodes(now)
+        self.http.history.sample(self.registry, ((v.name, v.last_batch_time) for v in views))
         states = self.registry.states(now)
         self.certificates.refresh(
             now, live=self.ssh.revalidate(), held=states, stored=self.link.stored_certificates()

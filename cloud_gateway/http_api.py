@@ -26,6 +26,7 @@ from aiohttp.payload import Payload
 from multidict import CIMultiDict
 from yarl import URL
 
+from cloud_gateway import ui
 from cloud_gateway.cert_expiry import CertificateExpiry
 from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
@@ -41,6 +42,7 @@ from cloud_gateway.openapi import OPENAPI
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
 from cloud_gateway.shards import ShardError, parse_shard
+from cloud_gateway.ui_history import RecentValues
 from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from gpurelay.web_config import BASIC_CHALLENGE, BasicAuth, parse_basic
 
@@ -75,6 +77,7 @@ class HttpState:
     auth_failures: Counter[str] = dataclasses.field(default_factory=Counter)
     directory: DirectoryLink | None = None  # the fleet beyond this gateway's registry
     certificates: CertificateExpiry = dataclasses.field(default_factory=CertificateExpiry)
+    history: RecentValues = dataclasses.field(default_factory=RecentValues)  # /ui's charts
 
 
 STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
@@ -116,9 +119,13 @@ async def _authorised(
     what: str = "the operator API",
     proxy: bool = False,
     setting: str = "http.tokens or http.token_files",
+    token_as_password: bool | None = None,
 ) -> web.Response | None:
     """None when the request may pass, else the 401/403 response to send. A bearer token
-    from ``tokens``, a basic user, or (forward proxy only) a token as Basic password."""
+    from ``tokens``, a basic user, or (forward proxy and /ui: ``token_as_password``) a
+    token as Basic password."""
+    if token_as_password is None:
+        token_as_password = proxy
     basic = request.app[STATE].basic_auth
     if not tokens and not basic:
         return _error(
@@ -138,7 +145,7 @@ async def _authorised(
                 request, "malformed", 401, "malformed basic credentials", BASIC_CHALLENGE
             )
         user, password = pair
-        if proxy and _token_ok(password, tokens):
+        if token_as_password and _token_ok(password, tokens):
             return None
         if basic and await basic.verify(user, password):
             return None
@@ -191,6 +198,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             refusal = await _authorised(
                 request, tokens, what="the proxy", setting="http.proxy_tokens or http.tokens"
             )
+    elif path == "/ui" or path.startswith("/ui/"):
+        refusal = await _page_authorised(request, state.tokens)
     elif path.startswith("/api/") or (
         state.protect_metrics and path in ("/metrics", "/v1/collect")
     ):
@@ -198,6 +207,18 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if refusal is not None:
         return refusal
     return await handler(request)
+
+
+async def _page_authorised(request: web.Request, tokens: frozenset[str]) -> web.Response | None:
+    """The operator page: the API's credentials, and an API token as the Basic password
+    (any user name), so that a browser's login prompt works with tokens only. A 401
+    always asks for Basic: a browser prompts for nothing else."""
+    refusal = await _authorised(request, tokens, what="the operator page", token_as_password=True)
+    if refusal is not None and refusal.status == 401:
+        challenges = refusal.headers.getall("WWW-Authenticate", [])
+        if BASIC_CHALLENGE not in challenges:
+            refusal.headers.add("WWW-Authenticate", BASIC_CHALLENGE)
+    return refusal
 
 
 @web.middleware
@@ -462,6 +483,14 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(OPENAPI)
 
 
+async def ui_fleet(request: web.Request) -> web.Response:
+    return ui.fleet_page(request.app[STATE], request)
+
+
+async def ui_node(request: web.Request) -> web.Response:
+    return ui.node_page(request.app[STATE], request)
+
+
 # Values of gpurelay_gateway_http_requests_total{endpoint}: make_app's route templates,
 # "proxy" for the forward-proxy form, OTHER for paths that matched no route.
 ENDPOINTS = (
@@ -477,6 +506,8 @@ ENDPOINTS = (
     "/api/v1/sd",
     "/api/v1/sd/metrics",
     "/proxy/{node}/{port}/{path}",
+    "/ui",
+    "/ui/nodes/{node}",
     "proxy",
     OTHER,
 )
@@ -497,4 +528,6 @@ def make_app(state: HttpState) -> web.Application:
     app.router.add_get("/api/v1/sd", service_discovery)
     app.router.add_get("/api/v1/sd/metrics", metrics_discovery)
     app.router.add_route("*", "/proxy/{node}/{port}/{path:.*}", path_proxy)
+    app.router.add_get("/ui", ui_fleet)  # HTML for people: not in /openapi.json
+    app.router.add_get("/ui/nodes/{node}", ui_node)
     return app

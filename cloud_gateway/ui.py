@@ -1,0 +1,229 @@
+"""The operator page: ``GET /ui`` (the fleet) and ``GET /ui/nodes/{node}`` (one node).
+
+Server-rendered HTML from what the gateway holds: the registry's nodes and latest values
+(:data:`cloud_gateway.ui_history.UI_FAMILIES`), the endpoint table, certificate expiry,
+the directory's nodes on other gateways, and the recent values of
+:class:`cloud_gateway.ui_history.RecentValues` for the charts. Filter (``?q=``) and sort
+(``?sort=COLUMN&order=asc|desc``) work without JavaScript; a small inline script does
+both in place as you type or click. The HTML is made by :mod:`cloud_gateway.ui_render`,
+which escapes every string a node sent.
+
+Authentication is the API's (``/ui`` is behind the same middleware,
+:mod:`cloud_gateway.http_api`); every answer carries a strict Content-Security-Policy
+(the inline script and style by their hashes, nothing from elsewhere) and
+``Cache-Control: no-store``. ``/ui`` is not in ``/openapi.json``: it is HTML for people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from cloud_gateway.fleet_documents import entry_document
+from cloud_gateway.registry_types import NodeView
+from cloud_gateway.ui_history import (
+    FB_FREE,
+    FB_RESERVED,
+    FB_USED,
+    PROCESS_MEM,
+    PROCESS_SM,
+    SPOOL_BATCHES,
+    UTIL,
+    per_gpu,
+)
+from cloud_gateway.ui_render import (
+    COLUMNS,
+    CSP,
+    GpuRow,
+    NodePage,
+    ProcessRow,
+    Row,
+    fleet_html,
+    matches,
+    message_html,
+    node_html,
+    sort_rows,
+)
+
+if TYPE_CHECKING:
+    from cloud_gateway.http_api import HttpState
+
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+def html_response(text: str, status: int = 200) -> web.Response:
+    return web.Response(
+        text=text, status=status, content_type="text/html", charset="utf-8", headers=HEADERS
+    )
+
+
+def _gpu_memory(state: HttpState, node: str) -> tuple[dict[str, float], dict[str, float]]:
+    """(gpu -> MiB used, gpu -> MiB total) from the framebuffer families."""
+    reg = state.registry
+    used = per_gpu(reg.latest(node, FB_USED))
+    free = per_gpu(reg.latest(node, FB_FREE))
+    reserved = per_gpu(reg.latest(node, FB_RESERVED))
+    total = {g: used[g] + free[g] + reserved.get(g, 0.0) for g in used if g in free}
+    return used, total
+
+
+def held_row(state: HttpState, view: NodeView, now: float, gateway: str | None) -> Row:
+    reg = state.registry
+    used, total = _gpu_memory(state, view.name)
+    util = per_gpu(reg.latest(view.name, UTIL))
+    spool = reg.latest(view.name, SPOOL_BATCHES)
+    expires, _ = state.certificates.of(view.name)
+    return Row(
+        name=view.name,
+        state=view.state,
+        gateway=gateway,
+        gpu_count=len(view.gpus),
+        gpu_models=tuple(sorted({g.name for g in view.gpus})),
+        util=tuple(util[g] for g in sorted(util, key=_gpu_key)),
+        mem_used=sum(used.values()) if used else None,
+        mem_total=sum(total.values()) if total else None,
+        last_seen=view.last_seen,
+        agent_version=view.agent_version,
+        cert_expires=expires,
+        spool_batches=spool[0][1] if spool else None,
+        published=tuple(e.target for e in state.endpoints.published_via(view.name)),
+        now=now,
+    )
+
+
+def fleet_rows(state: HttpState, now: float) -> list[Row]:
+    """Every node this gateway holds, then those the directory says others hold."""
+    link = state.directory
+    me = link.gateway if link is not None and link.cluster is not None else None
+    rows = [held_row(state, v, now, me) for v in state.registry.nodes(now)]
+    for entry, owner in link.elsewhere() if link is not None else ():
+        doc = entry_document(entry, owner, now)
+        rows.append(
+            Row(
+                name=entry.node,
+                state=doc["state"],
+                gateway=doc["gateway"] or None,
+                gpu_count=doc["gpu_count"],
+                gpu_models=tuple(doc["gpu_models"]),
+                util=(),
+                mem_used=None,
+                mem_total=None,
+                last_seen=entry.last_seen,
+                agent_version=doc["agent_version"],
+                cert_expires=doc["certificate_expires"],
+                spool_batches=None,
+                published=tuple(entry.published),
+                now=now,
+                held=False,
+            )
+        )
+    return rows
+
+
+def fleet_page(state: HttpState, request: web.Request) -> web.Response:
+    now = state.clock()
+    query = request.query.get("q", "")[:200]
+    sort = request.query.get("sort", "name")
+    if sort not in COLUMNS:
+        sort = "name"
+    descending = request.query.get("order") == "desc"
+    rows = fleet_rows(state, now)
+    total = len(rows)
+    shown = sort_rows([r for r in rows if matches(r, query)], sort, descending=descending)
+    cluster = any(r.gateway for r in rows)
+    return html_response(
+        fleet_html(
+            shown,
+            total=total,
+            query=query,
+            sort=sort,
+            descending=descending,
+            cluster=cluster,
+            now=now,
+        )
+    )
+
+
+def _processes(state: HttpState, node: str) -> list[ProcessRow]:
+    sm = {_process_key(labels): value for labels, value in state.registry.latest(node, PROCESS_SM)}
+    rows = []
+    for labels, mem in state.registry.latest(node, PROCESS_MEM):
+        d = dict(labels)
+        rows.append(
+            ProcessRow(
+                gpu=d.get("gpu", ""),
+                pid=d.get("ProcessId", ""),
+                name=d.get("ProcessName", ""),
+                kind=d.get("ProcessType", ""),
+                namespace=d.get("NamespaceName", ""),
+                pod=d.get("PodName", ""),
+                container=d.get("ContainerName", "") or d.get("container_name", ""),
+                mem_mib=mem,
+                sm_util=sm.get(_process_key(labels)),
+            )
+        )
+    rows.sort(key=lambda p: (_gpu_key(p.gpu), -p.mem_mib, p.pid))
+    return rows
+
+
+def _process_key(labels: tuple[tuple[str, str], ...]) -> tuple[str, str, str]:
+    d = dict(labels)
+    return d.get("gpu", ""), d.get("GPU_I_ID", ""), d.get("ProcessId", "")
+
+
+def _gpu_key(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+def node_page(state: HttpState, request: web.Request) -> web.Response:
+    name = request.match_info["node"]
+    now = state.clock()
+    link = state.directory
+    view = state.registry.node(name, now=now)
+    if view is None:
+        for entry, owner in link.elsewhere() if link is not None else ():
+            if entry.node == name:
+                doc = entry_document(entry, owner, now)
+                return html_response(node_html(NodePage.elsewhere(doc, entry.facts.gpus, now)))
+        return html_response(message_html("Unknown node", f"No node named {name!r}."), 404)
+    me = link.gateway if link is not None and link.cluster is not None else None
+    row = held_row(state, view, now, me)
+    used, total = _gpu_memory(state, name)
+    util = per_gpu(state.registry.latest(name, UTIL))
+    times, recent = state.history.of(name)
+    gpus = [
+        GpuRow(
+            index=str(g.index),
+            model=g.name,
+            uuid=g.uuid,
+            pci_bus_id=g.pci_bus_id,
+            healthy=g.healthy,
+            util=util.get(str(g.index)),
+            mem_used=used.get(str(g.index)),
+            mem_total=total.get(str(g.index), g.memory_total_bytes / 2**20 or None),
+            recent_util=recent.get(str(g.index), ([], []))[0],
+            recent_mem=recent.get(str(g.index), ([], []))[1],
+        )
+        for g in view.gpus
+    ]
+    page = NodePage(
+        row=row,
+        backend=view.backend,
+        remote=view.remote,
+        connected_since=view.connected_since,
+        interval_seconds=view.interval_seconds,
+        gpus=gpus,
+        processes=_processes(state, name),
+        errors=[dataclasses.astuple(e) for e in reversed(view.recent_errors)],
+        last_disconnect_reason=view.last_disconnect_reason,
+        samples=len(times),
+    )
+    return html_response(node_html(page))
