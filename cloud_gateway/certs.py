@@ -7,6 +7,7 @@ A CA directory (made by :func:`init_ca`, mode 0700) holds::
     known_hosts             for agents: "@cert-authority * <host_ca.pub>"
     revocations             the revocation list (format: cloud_gateway.revocation)
     serial                  the last serial number issued (one counter for both CAs)
+    issued.log              one JSON line per certificate issued (serial, name, validity, key)
     nodes/                  default output of issue_node: <node>, <node>.pub, <node>-cert.pub
     gateways/               default output of issue_gateway: <host>, <host>.pub, ...
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import json
 import os
 import re
 import socket
@@ -29,12 +31,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.auth_policy import (
+    certificate_info,
     format_time,
     is_node_name,
     node_name_problem,
@@ -90,6 +93,10 @@ class CaPaths:
     @property
     def serial(self) -> Path:
         return self.dir / "serial"
+
+    @property
+    def issued_log(self) -> Path:
+        return self.dir / "issued.log"
 
     @property
     def ca_keys(self) -> tuple[Path, Path, Path, Path]:
@@ -276,31 +283,11 @@ def _issue(
     valid_after, valid_before = start - BACKDATE_SECONDS, start + days * DAY
     with _locked(paths.dir):
         serial = _next_serial(paths)
-        if host:
-            cert = ca.generate_host_certificate(
-                key,
-                key_id,
-                serial=serial,
-                principals=list(principals),
-                valid_after=valid_after,
-                valid_before=valid_before,
-                comment=key_id,
-            )
-        else:  # an agent needs remote forwards and nothing else (no pty, X11, agent, rc)
-            cert = ca.generate_user_certificate(
-                key,
-                key_id,
-                serial=serial,
-                principals=list(principals),
-                valid_after=valid_after,
-                valid_before=valid_before,
-                permit_x11_forwarding=False,
-                permit_agent_forwarding=False,
-                permit_port_forwarding=True,
-                permit_pty=False,
-                permit_user_rc=False,
-                comment=key_id,
-            )
+        cert = _certify(
+            ca, key, key_id=key_id, principals=principals, serial=serial,
+            validity=(valid_after, valid_before), host=host,
+        )  # fmt: skip
+        log_issued(paths, cert, reason="issue-gateway" if host else "issue-node")
     cert_path = out_dir / f"{name}-cert.pub"
     _write_replace(cert_path, cert.export_certificate(), 0o644)
     return Credentials(
@@ -316,6 +303,51 @@ def _issue(
         valid_after=datetime.fromtimestamp(valid_after, UTC),
         expires=datetime.fromtimestamp(valid_before, UTC),
     )
+
+
+def _certify(
+    ca: asyncssh.SSHKey,
+    key: asyncssh.SSHKey,
+    *,
+    key_id: str,
+    principals: tuple[str, ...],
+    serial: int,
+    validity: tuple[int, int],
+    host: bool,
+) -> SSHOpenSSHCertificate:
+    """The certificate, in memory: every issuer (CLI, gateway, signer) signs through this."""
+    if host:
+        return ca.generate_host_certificate(
+            key, key_id, serial=serial, principals=list(principals),
+            valid_after=validity[0], valid_before=validity[1], comment=key_id,
+        )  # fmt: skip
+    # an agent needs remote forwards and nothing else (no pty, X11, agent forwarding, rc)
+    return ca.generate_user_certificate(
+        key, key_id, serial=serial, principals=list(principals),
+        valid_after=validity[0], valid_before=validity[1], permit_x11_forwarding=False,
+        permit_agent_forwarding=False, permit_port_forwarding=True, permit_pty=False,
+        permit_user_rc=False, comment=key_id,
+    )  # fmt: skip
+
+
+def log_issued(paths: CaPaths, cert: SSHOpenSSHCertificate, *, reason: str) -> dict[str, Any]:
+    """Append one JSON line about ``cert`` to ``issued.log`` (call with the directory locked,
+    so the lines are in serial order); the record written."""
+    info = certificate_info(cert)
+    record: dict[str, Any] = {
+        "time": format_time(time.time()), "serial": info.serial, "key_id": info.key_id,
+        "principals": list(info.principals), "valid_after": format_time(info.valid_after),
+        "valid_before": format_time(info.valid_before), "key": info.key_fingerprint,
+        "reason": reason,
+    }  # fmt: skip
+    line = json.dumps(record, separators=(",", ":")) + "\n"
+    fd = os.open(paths.issued_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write of one line: no torn record
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return record
 
 
 def _subject_key(private: Path, public: Path, *, comment: str) -> tuple[asyncssh.SSHKey, bool]:

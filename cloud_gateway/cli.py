@@ -1,4 +1,4 @@
-"""``cloud-gateway run|nodes|gateways|certs``: argument parsing and one-line errors."""
+"""``cloud-gateway run|nodes|gateways|certs|signer``: argument parsing and one-line errors."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from cloud_gateway.cli_certs import add_certs_parser, run_certs
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.gateways_cli import add_gateways_parser, run_gateways
 from cloud_gateway.nodes_cli import add_nodes_parser, run_nodes
+from cloud_gateway.signer import add_signer_parser, run_signer
 from gpurelay import logs
 
 
@@ -24,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     add_nodes_parser(sub)
     add_gateways_parser(sub)
     add_certs_parser(sub)
+    add_signer_parser(sub)
     return p
 
 
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_nodes(args)
         if args.command == "gateways":
             return run_gateways(args)
+        if args.command == "signer":
+            return run_signer(args)
         return run_certs(args)
     except GatewayError as exc:
         print(f"cloud-gateway: error: {exc}", file=sys.stderr)

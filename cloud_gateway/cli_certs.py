@@ -17,6 +17,7 @@ from pathlib import Path
 from cloud_gateway import certs
 from cloud_gateway.auth_policy import format_time
 from cloud_gateway.errors import GatewayError, InvalidInput
+from cloud_gateway.signing import make_enroll_token
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -52,6 +53,18 @@ def add_certs_parser(
         help="another name or IP address agents may dial (repeatable)",
     )
     _add_issue_options(gateway, default_days=365, default_out="CA_DIR/gateways")
+
+    token = commands.add_parser(
+        "enroll-token", help="a one-time token a node enrolls with (edge-agent enroll)"
+    )
+    token.add_argument("node", metavar="NODE", help="the node it is for (a DNS-1123 label)")
+    token.add_argument("--ca-dir", "--dir", dest="ca_dir", type=Path, required=True)
+    token.add_argument("--ttl", type=_duration, default="24h", help="valid for (default 24h)")
+    token.add_argument("--out", type=Path, help="token file (default CA_DIR/enroll/NODE.token)")
+    token.add_argument("--print", dest="print_token", action="store_true", help="print it too")
+    token.add_argument(
+        "--gateway", default="GATEWAY:2222", metavar="HOST:PORT", help="for the printed command"
+    )
 
     revoke = commands.add_parser("revoke", help="add a node or key to the revocation list")
     revoke.add_argument(
@@ -155,6 +168,46 @@ def _issued(role: str, issued: certs.Credentials, days: int, note: str) -> list[
     ]
 
 
+def _duration(text: str) -> int:
+    """``24h``, ``30m``, ``7d``, ``90s`` or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 24h, 30m, 7d")
+    return int(number) * units[unit]
+
+
+def _human(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _enroll_token(args: argparse.Namespace) -> list[str]:
+    paths = certs.CaPaths(args.ca_dir)
+    text, exp = make_enroll_token(args.ca_dir, args.node, ttl_seconds=args.ttl)
+    out: Path = args.out or args.ca_dir / "enroll" / f"{args.node}.token"
+    if out.exists() or out.is_symlink():
+        raise InvalidInput(
+            f"{out} exists (an earlier token: it stays valid until it expires or is used); "
+            "remove it, or pass --out"
+        )
+    out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    certs._write_new(out, f"{text}\n".encode(), 0o600)
+    host_ca = certs._read_public(paths.host_ca_pub).get_fingerprint("sha256")
+    lines = [
+        f"made a one-time enrollment token for node {args.node}, valid until "
+        f"{format_time(exp)} ({_human(args.ttl)}), single use",
+        *_files((out, "the token: a password for that node only; copy it there")),
+        f"host CA fingerprint: {host_ca} (the agent accepts gateways signed by it only)",
+        "on the node, run:",
+        f"  edge-agent enroll --gateway {args.gateway} --token-file {out.name} "
+        f"--host-ca-fingerprint {host_ca} --node-name {args.node}",
+    ]
+    return [*lines, f"token: {text}"] if args.print_token else lines
+
+
 def _revoke(args: argparse.Namespace) -> list[str]:
     where: Path = args.ca_dir if args.ca_dir is not None else args.revocation_file
     done = certs.revoke(where, args.target)
@@ -181,4 +234,5 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace], Sequence[str]]] = {
     "issue-node": _issue_node,
     "issue-gateway": _issue_gateway,
     "revoke": _revoke,
+    "enroll-token": _enroll_token,
 }

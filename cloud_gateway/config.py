@@ -15,6 +15,7 @@ from pathlib import Path
 from cloud_gateway.cluster_config import ClusterSection, check_cluster
 from cloud_gateway.conflicts import POLICIES
 from cloud_gateway.endpoints import parse_sibling_rules
+from cloud_gateway.enrollment import EnrollSection, check_enroll
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.liveness import LivenessPolicy
 from cloud_gateway.proxy_listener import parse_networks
@@ -160,6 +161,8 @@ class GatewayConfig:
     remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
     # Where the node inventory lives; several gateways on one PostgreSQL database.
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    # Nodes get and renew their certificates over SSH (cloud_gateway.enrollment); off.
+    enroll: EnrollSection = field(default_factory=EnrollSection)
 
     def api_tokens(self) -> frozenset[str]:
         """Inline tokens plus those read from token files (errors name the file)."""
@@ -199,6 +202,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     check_ssh(cfg.ssh)
     check_remote_write(cfg.remote_write)
     check_cluster(cfg.cluster)
+    check_enroll(cfg.enroll)
     return cfg
 
 

@@ -153,4 +153,13 @@ class Directory(Protocol):
 
     async def entries(self) -> Sequence[NodeEntry]: ...
 
+    async def enrollment_nonce_used(self, nonce: str) -> bool:
+        """Whether an enrollment token with this nonce was used already (on any gateway)."""
+        ...
+
+    async def use_enrollment_nonce(self, nonce: str, node: str, exp: int, *, now: float) -> bool:
+        """Record the nonce of a token being used, atomically: False when it was already
+        (a second use, or a lost race). Rows of tokens expired for a day are dropped."""
+        ...
+
     async def close(self) -> None: ...

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cloud_gateway.directory import Claim, DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.directory_nonces import PgNonces
 
 if TYPE_CHECKING:
     import asyncpg
@@ -54,6 +55,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " started timestamptz NOT NULL,"
         " heartbeat timestamptz NOT NULL,"
         " nodes integer NOT NULL)",
+        # single-use enrollment tokens (issue 17): the primary key decides every race
+        "CREATE TABLE gpurelay_enrollment_nonces (nonce text PRIMARY KEY, node text NOT NULL,"
+        " exp bigint NOT NULL, used_at double precision NOT NULL)",
     ),
 )
 VERSION = len(MIGRATIONS)
@@ -154,7 +158,7 @@ def _error(what: str, exc: BaseException) -> DirectoryError:
     return DirectoryError(f"PostgreSQL node directory: {what}: {exc}")
 
 
-class PostgresDirectory:
+class PostgresDirectory(PgNonces):
     """One connection pool; a separate connection LISTENs for claims (``on_claim``)."""
 
     def __init__(self, dsn: str, *, gateway: str, on_claim: ClaimListener | None = None) -> None:

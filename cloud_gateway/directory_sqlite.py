@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from cloud_gateway.directory import Claim, DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.directory_nonces import KEEP_SECONDS
 
 T = TypeVar("T")
 BUSY_TIMEOUT_SECONDS = 5.0
@@ -34,6 +35,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " facts TEXT NOT NULL,"
         " connected INTEGER NOT NULL,"
         " last_disconnect_reason TEXT NOT NULL DEFAULT '')",
+    ),
+    (  # 2: single-use enrollment tokens (issue 17)
+        "CREATE TABLE enrollment_nonces ("
+        " nonce TEXT PRIMARY KEY,"
+        " node TEXT NOT NULL,"
+        " exp INTEGER NOT NULL,"
+        " used_at REAL NOT NULL)",
     ),
 )
 VERSION = len(MIGRATIONS)
@@ -185,6 +193,31 @@ class SqliteDirectory:
         def run(conn: sqlite3.Connection) -> list[NodeEntry]:
             rows = conn.execute(f"SELECT {_COLUMNS} FROM nodes ORDER BY name").fetchall()
             return [_entry(row, self.path) for row in rows]
+
+        return await self._call(run)
+
+    async def enrollment_nonce_used(self, nonce: str) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            sql = "SELECT 1 FROM enrollment_nonces WHERE nonce = ?"
+            return conn.execute(sql, (nonce,)).fetchone() is not None
+
+        return await self._call(run)
+
+    async def use_enrollment_nonce(self, nonce: str, node: str, exp: int, *, now: float) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("DELETE FROM enrollment_nonces WHERE exp < ?", (now - KEEP_SECONDS,))
+                cur = conn.execute(
+                    "INSERT INTO enrollment_nonces (nonce, node, exp, used_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (nonce) DO NOTHING",
+                    (nonce, node, exp, now),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return cur.rowcount == 1
 
         return await self._call(run)
 

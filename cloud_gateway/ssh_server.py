@@ -34,6 +34,7 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway.admission import Admission, AdmissionRefused
 from cloud_gateway.auth_policy import check_user_certificate, describe
 from cloud_gateway.endpoints import EndpointTable, PublishedListener
+from cloud_gateway.enrollment import Enrollment, EnrollmentLogin, serve_enrollment, wants_enrollment
 from cloud_gateway.proxy_listener import ProxiedListener
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from gpurelay.asyncssh_hooks import hook_certificate_validation, hook_undecodable_certificate
@@ -106,6 +107,7 @@ class CertificatePolicy:
     revocations: RevocationWatcher | None = None
     clock: Callable[[], float] = time.time
     failures: Counter[str] = field(default_factory=Counter)
+    enrollment: Enrollment | None = None  # [enroll]: password logins of enroll:NODE only
 
     def check(self, username: str, cert: SSHOpenSSHCertificate) -> str | None:
         revoked = self.revocations.current() if self.revocations else RevocationList()
@@ -118,9 +120,11 @@ class CertificatePolicy:
         return any(ca.public_data == blob for ca in self.trusted_cas)
 
 
-class _ConnectionAuth(asyncssh.SSHServer):
+class _ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
     """Per-connection callbacks: certificate auth, and remote forwards as published
     endpoints. asyncssh's defaults refuse everything else (shells, local forwards...)."""
+
+    _policy: CertificatePolicy
 
     def __init__(self, policy: CertificatePolicy, endpoints: EndpointTable | None) -> None:
         self._policy = policy
@@ -161,6 +165,7 @@ class _ConnectionAuth(asyncssh.SSHServer):
 
     def begin_auth(self, username: str) -> bool:
         self._username = username
+        self.enrollment_begins(username)
         return True
 
     def public_key_auth_supported(self) -> bool:
@@ -181,6 +186,8 @@ class _ConnectionAuth(asyncssh.SSHServer):
     def server_requested(self, listen_host: str, listen_port: int) -> bool | PublishedListener:
         """An agent offers NODE:PORT through its tunnel (an SSH remote forward)."""
         if not self._authenticated or self._endpoints is None or self._conn is None:
+            return False
+        if self.enrolling is not None:  # an enroll: connection gets its certificate only
             return False
         node = self._username
         reason = self._endpoints.offer(
@@ -278,6 +285,9 @@ class SshServer:
         node = str(process.get_extra_info("username"))
         peer = process.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if wants_enrollment(process, node):  # gpurelay-enroll/-renew, anything of enroll:
+            await serve_enrollment(self.policy.enrollment, process, node)
+            return
         if process.subsystem != SUBSYSTEM:
             process.stderr.write(b"only the gpurelay subsystem is offered here\n")
             process.exit(1)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
+from edge_agent.proxy_connect import proxy_route
 from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
@@ -74,6 +75,10 @@ class TunnelConfig:
     # Each agent starts at a place in the list given by its node name and goes round it
     # (edge_agent.dial.Rotation); a failed dial moves on to the next address at once.
     addresses: tuple[str, ...] = ()
+    # An HTTP CONNECT proxy to each address (edge_agent.proxy_connect): "" none,
+    # "http://[USER:PASSWORD@]HOST:PORT", or "env" for https_proxy / all_proxy. An address
+    # that no_proxy / NO_PROXY names is dialled directly.
+    proxy: str = ""
     known_hosts: Path | None = None  # "@cert-authority * <host CA>" line(s) or a pinned key
     key: Path | None = None  # the node's private key
     certificate: Path | None = None  # default: <key>-cert.pub
@@ -260,6 +265,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     try:
         cfg = load_settings(AgentConfig, path, env, prefix=ENV_PREFIX, reserved=_ENV_RESERVED)
         _validate(cfg)  # split_host_port raises SettingsError too
+        proxy_route(cfg.gateway.proxy, env)  # a bad proxy URL (here or in env) fails now
     except SettingsError as exc:
         raise ConfigError(str(exc)) from exc
     return cfg

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import socket
 import time
@@ -45,10 +46,11 @@ from tenacity import (
 
 from edge_agent.config import TunnelConfig, heartbeat_seconds, silence_timeout
 from edge_agent.credentials import load_pair
-from edge_agent.dial import PathSilent, Rotation, dial, show
+from edge_agent.dial import PathSilent, Rotation, show
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
+from edge_agent.proxy_connect import ProxyError, log_route, proxy_route
 from edge_agent.renew import Renewer
 from edge_agent.tunnel_stats import TUNNEL_FAMILIES, TunnelStats
 from gpurelay.asyncssh_hooks import hook_forwarded_open
@@ -161,6 +163,9 @@ class Tunnel:
         self.log = logging.LoggerAdapter(log, {"node": node})
         self._rotation = Rotation(cfg.gateways, node)
         self._addresses = [show(a) for a in self._rotation.addresses]
+        # Directly, or through an HTTP CONNECT proxy (edge_agent.proxy_connect).
+        self._route = proxy_route(cfg.proxy, os.environ)
+        log_route(self._route, cfg.proxy, self._rotation.addresses, self.log)
         self.renewer = Renewer(cfg, node=node) if cfg.renew else None
         if self.renewer is not None:
             self.renewer.loaded(self._cert)
@@ -312,10 +317,18 @@ class Tunnel:
         """One connection. Returns after an established session ends; raises before that."""
         self._reload_credentials()
         try:
-            sock = await dial(host, port, self._cfg.dial_timeout_seconds)
+            sock = await self._route.open(
+                host,
+                port,
+                dial_timeout=self._cfg.dial_timeout_seconds,
+                answer_timeout=self._cfg.connect_timeout_seconds,
+            )
         except PathSilent as exc:
             self.stats.fail("unanswered", str(exc))
             raise Unanswered(f"cannot reach gateway {host}:{port}: {exc}") from exc
+        except ProxyError as exc:
+            self.stats.fail("proxy", str(exc))
+            raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc
         except OSError as exc:
             self.stats.fail("connect", str(exc))
             raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc

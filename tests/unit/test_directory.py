@@ -15,7 +15,7 @@ import pytest
 
 from cloud_gateway.directory import Claim, Directory, DirectoryError, NodeFacts
 from cloud_gateway.directory_pg import PostgresDirectory
-from cloud_gateway.directory_sqlite import VERSION, SqliteDirectory
+from cloud_gateway.directory_sqlite import MIGRATIONS, VERSION, SqliteDirectory
 from gpurelay.model import GpuInventory
 from gpurelay.wire import Hello
 
@@ -143,7 +143,7 @@ async def test_a_file_from_a_newer_gateway_is_refused_and_left_alone(tmp_path: P
     conn.commit()
     conn.close()
     d = SqliteDirectory(path, gateway="gw-a")
-    with pytest.raises(DirectoryError, match=r"schema version 2, written by a newer gateway"):
+    with pytest.raises(DirectoryError, match=rf"schema version {VERSION + 1}, written by a newer"):
         await d.open()
     await d.close()
     conn = sqlite3.connect(path)
@@ -300,3 +300,54 @@ async def test_postgres_members_heartbeat_by_the_databases_clock(pg_database: st
     assert again.alive(ttl=10) and again.nodes == 4 and again.up_seconds >= up_before
     await a.close()
     await b.close()
+
+
+async def test_an_enrollment_nonce_is_used_once_on_any_gateway(make: Make) -> None:
+    """Single-use enrollment tokens (issue 17): the store decides, atomically, for a cluster."""
+    a, b = make("gw-a"), make("gw-b")
+    if isinstance(a, SqliteDirectory):  # one gateway per file: the same gateway, reopened
+        b = a
+    await a.open()
+    if b is not a:
+        await b.open()
+    try:
+        nonce = "0123456789abcdef" * 2
+        assert not await b.enrollment_nonce_used(nonce)
+        results = await asyncio.gather(
+            a.use_enrollment_nonce(nonce, "edge-1", 2_000, now=1_000),
+            b.use_enrollment_nonce(nonce, "edge-1", 2_000, now=1_000),
+        )
+        assert sorted(results) == [False, True]
+        assert await a.enrollment_nonce_used(nonce) and await b.enrollment_nonce_used(nonce)
+        # a day after the token expired, its row goes (the token is refused as expired anyway)
+        assert await a.use_enrollment_nonce("f" * 32, "edge-2", 200_000, now=2_000 + 86_401)
+        assert not await b.enrollment_nonce_used(nonce)
+        assert await b.enrollment_nonce_used("f" * 32)
+    finally:
+        await a.close()
+        if b is not a:
+            await b.close()
+    if isinstance(a, SqliteDirectory):
+        again = make("gw-a")
+        await again.open()
+        assert await again.enrollment_nonce_used("f" * 32)  # it survives a restart
+        await again.close()
+
+
+async def test_a_version_1_file_gains_the_nonce_table(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO nodes VALUES ('edge-1', 'gw-a', 3, 1, 2, '{}', 0, 'bye')")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    d = SqliteDirectory(path, gateway="gw-a")
+    (entry,) = await d.open()
+    assert (entry.node, entry.epoch, entry.last_disconnect_reason) == ("edge-1", 3, "bye")
+    assert await d.use_enrollment_nonce("a" * 32, "edge-1", 10, now=1)
+    await d.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == VERSION == 2
+    conn.close()

@@ -1,0 +1,405 @@
+"""Enrollment and renewal on the gateway (issue 17 §1; the contract is gpurelay/enrollment.py).
+
+A new node logs in as ``enroll:NODE`` with a one-time token as its password
+(:meth:`Enrollment.check_login`: the token parses, a trusted user CA signed it, it names
+NODE, it has not expired, NODE is not revoked, its nonce was not used), then sends its
+public key on the ``gpurelay-enroll`` subsystem and gets a certificate back
+(:meth:`Enrollment.serve`). A connected node renews on ``gpurelay-renew`` over its normal,
+certificate-authenticated connection, always for its own node name.
+
+The nonce of a used token is recorded in the node directory (SQLite, or PostgreSQL shared
+by a cluster: a second use is refused on every gateway), or, for a gateway whose inventory
+is in memory only, in memory (forgotten at a restart). Every refusal is counted and
+logged with its reason and node; the token itself is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import asyncssh
+
+from cloud_gateway.auth_policy import format_time, node_name_problem
+from cloud_gateway.directory import DirectoryError
+from cloud_gateway.directory_nonces import MemoryNonces
+from cloud_gateway.errors import GatewayConfigError, GatewayError
+from cloud_gateway.revocation import RevocationList, RevocationWatcher
+from cloud_gateway.signing import (
+    MIN_LIFETIME_SECONDS,
+    LocalSigner,
+    Signer,
+    SigningRefused,
+    parse_public_key,
+)
+from gpurelay.enrollment import (
+    ENROLL_SUBSYSTEM,
+    EXIT_OK,
+    EXIT_REFUSED,
+    MAX_PUBLIC_KEY_LINE,
+    REASON_DISABLED,
+    REASON_EXPIRED,
+    REASON_NOT_A_KEY,
+    REASON_REVOKED,
+    REASON_USED,
+    RENEW_SUBSYSTEM,
+    Token,
+    TokenError,
+    error_line,
+    node_from_username,
+    parse_token,
+    verify_token,
+)
+
+if TYPE_CHECKING:
+    from cloud_gateway.directory_link import DirectoryLink
+
+log = logging.getLogger("cloud_gateway.enrollment")
+
+SUBSYSTEMS = (ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM)
+KEY_TIMEOUT_SECONDS = 30.0  # to send the public key once the subsystem is open
+WEEK = 7 * 86400
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnrollSection:
+    """``[enroll]``: nodes get (and renew) their certificate over SSH. Off by default: the
+    gateway then accepts no password at all."""
+
+    enabled: bool = False
+    # Exactly one when enabled: the user CA private key (the gateway signs; the key's
+    # directory holds the serial counter and issued.log), or a `cloud-gateway signer`.
+    user_ca_key: str = ""
+    signer_socket: str = ""
+    lifetime_seconds: int = WEEK  # of each certificate issued; 7 days recommended
+    token_max_ttl_seconds: int = WEEK  # tokens valid for longer than this are refused
+
+
+def check_enroll(section: EnrollSection) -> None:
+    for name in ("lifetime_seconds", "token_max_ttl_seconds"):
+        if getattr(section, name) < MIN_LIFETIME_SECONDS:
+            raise GatewayConfigError(f"enroll.{name} must be at least {MIN_LIFETIME_SECONDS}")
+    if section.enabled and bool(section.user_ca_key) == bool(section.signer_socket):
+        raise GatewayConfigError(
+            "enroll.enabled needs exactly one of enroll.user_ca_key (the gateway signs) and "
+            "enroll.signer_socket (a `cloud-gateway signer` process signs)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    code: str  # gpurelay_gateway_auth_failures_total{reason}
+    detail: str  # the log line's explanation; never the token
+
+
+class NonceStore(Protocol):
+    async def enrollment_nonce_used(self, nonce: str) -> bool: ...
+
+    async def use_enrollment_nonce(
+        self, nonce: str, node: str, exp: int, *, now: float
+    ) -> bool: ...
+
+
+def node_log(node: str) -> logging.Logger:
+    return log.getChild(f"node.{node}")
+
+
+class Enrollment:
+    def __init__(
+        self,
+        section: EnrollSection,
+        *,
+        trusted_cas: Sequence[asyncssh.SSHKey],
+        revocations: RevocationWatcher | None,
+        nonces: NonceStore,
+        signer: Signer,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.section = section
+        self.trusted_cas = trusted_cas
+        self.revocations = revocations
+        self.nonces = nonces
+        self.signer = signer
+        self.clock = clock
+        self.issued = {"enroll": 0, "renew": 0}
+
+    def _revoked(self) -> RevocationList:
+        return self.revocations.current() if self.revocations else RevocationList()
+
+    async def check_login(self, username: str, password: str) -> Token | Refusal:
+        """The verdict on a password login: the token to enroll with, or why not."""
+        node = node_from_username(username)
+        if node is None:
+            return Refusal(
+                "password_for_node",
+                f"node {username!r} offered a password: nodes log in with a certificate only",
+            )
+        problem = node_name_problem(node)
+        if problem is not None:
+            return Refusal("enroll_bad_node", f"enrollment as {username!r}: {problem}")
+        try:
+            token = parse_token(password)
+        except TokenError as exc:
+            return Refusal("enroll_bad_token", f"node {node!r}: not an enrollment token: {exc}")
+        if not verify_token(token, self.trusted_cas):
+            return Refusal(
+                "enroll_bad_signature",
+                f"node {node!r}: the token is not signed by a trusted user CA (ssh.user_ca)",
+            )
+        return await self._check_token(node, token)
+
+    async def _check_token(self, node: str, token: Token) -> Token | Refusal:
+        now = self.clock()
+        if token.node != node:
+            return Refusal(
+                "enroll_other_node", f"node {node!r}: the token is for node {token.node!r}"
+            )
+        if now >= token.exp:
+            return Refusal(
+                "enroll_expired", f"node {node!r}: the token expired at {format_time(token.exp)}"
+            )
+        if token.exp - now > self.section.token_max_ttl_seconds:
+            return Refusal(
+                "enroll_ttl_too_long",
+                f"node {node!r}: the token is valid until {format_time(token.exp)}, longer "
+                f"than enroll.token_max_ttl_seconds ({self.section.token_max_ttl_seconds})",
+            )
+        rule = self._revoked().is_revoked(node=node)
+        if rule is not None:
+            return Refusal("enroll_revoked", f"node {node!r} is revoked ('{rule}')")
+        try:
+            used = await self.nonces.enrollment_nonce_used(token.nonce)
+        except DirectoryError as exc:
+            return Refusal("enroll_unavailable", f"node {node!r}: {exc}")
+        if used:
+            return Refusal("enroll_used", f"node {node!r}: the token was used already")
+        return token
+
+    async def serve(
+        self,
+        process: asyncssh.SSHServerProcess[bytes],
+        *,
+        username: str,
+        token: Token | None,
+        certificate: object,
+    ) -> None:
+        """One ``gpurelay-enroll`` or ``gpurelay-renew`` session, or a refusal of anything
+        else on an ``enroll:`` connection."""
+        kind = "enroll" if token is not None else "renew"
+        node = token.node if token is not None else username
+        wanted = ENROLL_SUBSYSTEM if token is not None else RENEW_SUBSYSTEM
+        try:  # read first: a client that writes its key, then reads, is told why
+            public_key = await asyncio.wait_for(_read_key(process), KEY_TIMEOUT_SECONDS)
+            if process.subsystem != wanted:
+                raise SigningRefused(
+                    f"only the {wanted} subsystem is offered on this connection",
+                    f"asked for {process.subsystem or process.command or 'a shell'!r} "
+                    f"on an {'enrollment' if token else 'authenticated'} connection",
+                )
+            if token is not None:
+                await self._use(node, token, public_key)
+            elif certificate is None:
+                raise SigningRefused("not authenticated by certificate")
+            else:
+                self._check_renewal(node, certificate)
+            issued = await self.signer.sign(
+                node, public_key, reason=kind, lifetime_seconds=self.section.lifetime_seconds
+            )
+        except SigningRefused as exc:
+            node_log(node).warning("refused to %s %r: %s", kind, node, exc)
+            _finish(process, error_line(exc.reason), EXIT_REFUSED)
+            return
+        except TimeoutError:
+            node_log(node).warning("refused to %s %r: no public key within 30s", kind, node)
+            _finish(process, error_line("no public key received"), EXIT_REFUSED)
+            return
+        except (GatewayError, OSError) as exc:
+            node_log(node).error("cannot %s %r: %s", kind, node, exc)
+            _finish(process, error_line("the gateway cannot sign now"), EXIT_REFUSED)
+            return
+        self.issued[kind] += 1
+        node_log(node).info("%s", issued.describe(kind))
+        _finish(process, issued.certificate + "\n", EXIT_OK, stdout=True)
+
+    async def _use(self, node: str, token: Token, public_key: str) -> None:
+        parse_public_key(public_key)  # a bad request does not cost the token
+        verdict = await self._check_token(node, token)  # time has passed since the login
+        if isinstance(verdict, Refusal):
+            raise SigningRefused(_agent_reason(verdict.code), verdict.detail)
+        try:
+            fresh = await self.nonces.use_enrollment_nonce(
+                token.nonce, node, token.exp, now=self.clock()
+            )
+        except DirectoryError as exc:
+            raise GatewayError(f"the token's use cannot be recorded: {exc}") from exc
+        if not fresh:
+            raise SigningRefused(REASON_USED, "the token was used meanwhile")
+
+    def _check_renewal(self, node: str, certificate: object) -> None:
+        key = getattr(certificate, "key", None)
+        fingerprint = key.get_fingerprint("sha256") if key is not None else None
+        rule = self._revoked().is_revoked(node=node, key_fingerprint=fingerprint)
+        if rule is not None:
+            raise SigningRefused(REASON_REVOKED, f"revoked by '{rule}'")
+
+
+def _agent_reason(code: str) -> str:
+    return {
+        "enroll_expired": REASON_EXPIRED,
+        "enroll_used": REASON_USED,
+        "enroll_revoked": REASON_REVOKED,
+    }.get(code, code.removeprefix("enroll_").replace("_", " "))
+
+
+async def _read_key(process: asyncssh.SSHServerProcess[bytes]) -> str:
+    data = b""
+    while len(data) <= MAX_PUBLIC_KEY_LINE:
+        chunk = await process.stdin.read(MAX_PUBLIC_KEY_LINE + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    if len(data) > MAX_PUBLIC_KEY_LINE:
+        raise SigningRefused(REASON_NOT_A_KEY, f"more than {MAX_PUBLIC_KEY_LINE} bytes sent")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise SigningRefused(REASON_NOT_A_KEY, "the public key line is not ASCII") from None
+
+
+def _finish(
+    process: asyncssh.SSHServerProcess[bytes], text: str, status: int, *, stdout: bool = False
+) -> None:
+    stream = process.stdout if stdout else process.stderr
+    try:
+        stream.write(text.encode())
+        process.exit(status)
+    except (OSError, asyncssh.Error):
+        pass  # the client went away
+
+
+async def refuse_disabled(process: asyncssh.SSHServerProcess[bytes], username: str) -> None:
+    with contextlib.suppress(TimeoutError, SigningRefused, OSError, asyncssh.Error):
+        await asyncio.wait_for(_read_key(process), KEY_TIMEOUT_SECONDS)
+    node_log(username).warning(
+        "refused %s from %r: enrollment is disabled ([enroll] enabled = false)",
+        process.subsystem,
+        username,
+    )
+    _finish(process, error_line(REASON_DISABLED), EXIT_REFUSED)
+
+
+def wants_enrollment(process: asyncssh.SSHServerProcess[bytes], username: str) -> bool:
+    """Whether this session is :meth:`Enrollment.serve`'s (or a refusal of it)."""
+    return process.subsystem in SUBSYSTEMS or node_from_username(username) is not None
+
+
+class _Refuser(Protocol):
+    enrollment: Enrollment | None
+
+
+class EnrollmentLogin:
+    """The password half of the SSH server's per-connection callbacks (a mixin of
+    ``ssh_server._ConnectionAuth``): password logins exist only for ``enroll:NODE`` and
+    only while enrollment is on; node users stay certificate-only."""
+
+    _policy: _Refuser
+    enrolling: Token | None = None  # the token this connection logged in with
+
+    def _refuse(self, username: str, reason: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def enrollment_begins(self, username: str) -> None:
+        """From ``begin_auth``: an ``enroll:`` login while enrollment is off gets its reason."""
+        if self._policy.enrollment is None and node_from_username(username) is not None:
+            detail = f"{username!r}: enrollment is disabled ([enroll] enabled = false)"
+            self._refuse(username, "enroll_disabled", detail)
+
+    def password_auth_supported(self) -> bool:
+        return self._policy.enrollment is not None
+
+    def kbdint_auth_supported(self) -> bool:
+        return False  # else asyncssh offers keyboard-interactive as a second password path
+
+    async def validate_password(self, username: str, password: str) -> bool:
+        enrollment = self._policy.enrollment
+        if enrollment is None:
+            return False
+        verdict = await enrollment.check_login(username, password)
+        if isinstance(verdict, Refusal):
+            self._refuse(username, verdict.code, verdict.detail)
+            return False
+        self.enrolling = verdict
+        return True
+
+
+async def serve_enrollment(
+    enrollment: Enrollment | None, process: asyncssh.SSHServerProcess[bytes], username: str
+) -> None:
+    """A session :func:`wants_enrollment` picked: served, or refused."""
+    if enrollment is None:
+        await refuse_disabled(process, username)
+        return
+    owner = process.get_extra_info("connection").get_owner()
+    await enrollment.serve(
+        process,
+        username=username,
+        token=getattr(owner, "enrolling", None),
+        certificate=getattr(owner, "certificate", None),
+    )
+
+
+def build_enrollment(
+    section: EnrollSection,
+    *,
+    trusted_cas: Sequence[asyncssh.SSHKey],
+    revocations: RevocationWatcher | None,
+    link: DirectoryLink,
+    clock: Callable[[], float] = time.time,
+) -> Enrollment | None:
+    """The gateway's enrollment (None: disabled). Its nonces go where its inventory is."""
+    if not section.enabled:
+        return None
+    signer: Signer
+    if section.user_ca_key:
+        try:
+            local = LocalSigner(Path(section.user_ca_key), revocations=revocations)
+        except GatewayError as exc:
+            raise GatewayConfigError(f"enroll.user_ca_key: {exc}") from exc
+        blob = local.ca_key.public_data
+        if not any(ca.public_data == blob for ca in trusted_cas):
+            raise GatewayConfigError(
+                f"enroll.user_ca_key {section.user_ca_key} is not one of the CAs in "
+                "ssh.user_ca: the certificates it signs would be refused"
+            )
+        signer = local
+    else:
+        from cloud_gateway.signer import SocketSigner
+
+        signer = SocketSigner(Path(section.signer_socket))
+    nonces: NonceStore
+    if link.cluster is not None:
+        nonces = link.cluster.directory
+    elif link.directory is not None:
+        nonces = link.directory
+    else:
+        nonces = MemoryNonces()
+    log.info(
+        "enrollment on: %s signs, certificates for %ds, used tokens recorded in %s",
+        f"CA key {section.user_ca_key}" if section.user_ca_key else section.signer_socket,
+        section.lifetime_seconds,
+        link.where,
+    )
+    return Enrollment(
+        section,
+        trusted_cas=trusted_cas,
+        revocations=revocations,
+        nonces=nonces,
+        signer=signer,
+        clock=clock,
+    )

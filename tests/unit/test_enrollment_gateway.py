@@ -1,0 +1,250 @@
+"""The gateway's side of enrollment without SSH: [enroll] config, signing a node key, the
+signer's request handling, and `certs enroll-token`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from cloud_gateway import certs
+from cloud_gateway.auth_policy import certificate_info
+from cloud_gateway.cli import main
+from cloud_gateway.config import load
+from cloud_gateway.directory_nonces import MemoryNonces
+from cloud_gateway.enrollment import EnrollSection, Refusal, check_enroll
+from cloud_gateway.errors import GatewayConfigError
+from cloud_gateway.revocation import RevocationList
+from cloud_gateway.signer import SignerServer, SocketSigner
+from cloud_gateway.signing import SigningRefused, make_enroll_token, sign_node_key
+from gpurelay.enrollment import parse_token, verify_token
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> certs.CaPaths:
+    return certs.init_ca(tmp_path / "ca")
+
+
+def new_key() -> asyncssh.SSHKey:
+    return asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+
+
+# -- [enroll] ------------------------------------------------------------------------------
+
+
+def test_enrollment_is_off_by_default_and_needs_exactly_one_signer(tmp_path: Path) -> None:
+    assert load(None, {}).enroll == EnrollSection()
+    assert not EnrollSection().enabled
+    with pytest.raises(GatewayConfigError, match=r"exactly one of enroll\.user_ca_key"):
+        check_enroll(EnrollSection(enabled=True))
+    with pytest.raises(GatewayConfigError, match=r"exactly one of enroll\.user_ca_key"):
+        check_enroll(EnrollSection(enabled=True, user_ca_key="/k", signer_socket="/s"))
+    with pytest.raises(GatewayConfigError, match=r"enroll\.lifetime_seconds must be at least 60"):
+        check_enroll(EnrollSection(lifetime_seconds=10))
+    config = tmp_path / "gateway.toml"
+    config.write_text('[enroll]\nenabled = true\nsigner_socket = "/run/signer.sock"\n')
+    section = load(config, {}).enroll
+    assert section.signer_socket == "/run/signer.sock" and section.lifetime_seconds == 604800
+    env = {"CLOUD_GATEWAY_ENROLL_ENABLED": "true", "CLOUD_GATEWAY_ENROLL_USER_CA_KEY": "/k"}
+    assert load(None, env).enroll.user_ca_key == "/k"
+
+
+async def test_memory_nonces_are_single_use() -> None:
+    nonces = MemoryNonces()
+    assert not await nonces.enrollment_nonce_used("a" * 32)
+    assert await nonces.use_enrollment_nonce("a" * 32, "edge-1", 100, now=10)
+    assert not await nonces.use_enrollment_nonce("a" * 32, "edge-1", 100, now=11)
+    assert await nonces.enrollment_nonce_used("a" * 32)
+
+
+# -- signing ---------------------------------------------------------------------------------
+
+
+def test_a_signed_node_key_is_logged_and_shares_the_serial_counter(ca: certs.CaPaths) -> None:
+    first = certs.issue_node(ca.dir, "edge-0")
+    key = new_key()
+    issued = sign_node_key(ca.dir, "edge-1", key, lifetime_seconds=600, reason="enroll", now=1e9)
+    assert issued.serial == first.serial + 1
+    assert (issued.valid_after, issued.valid_before) == (1e9 - 300, 1e9 + 600)
+    cert = asyncssh.import_certificate(issued.certificate)
+    info = certificate_info(cert)  # type: ignore[arg-type]
+    assert info.principals == ("edge-1",) and info.key_id == "node:edge-1"
+    assert info.key_fingerprint == key.get_fingerprint("sha256") == issued.key_fingerprint
+    lines = [json.loads(line) for line in ca.issued_log.read_text().splitlines()]
+    assert [line["reason"] for line in lines] == ["issue-node", "enroll"]
+    assert lines[-1] == {
+        "time": lines[-1]["time"],
+        "serial": issued.serial,
+        "key_id": "node:edge-1",
+        "principals": ["edge-1"],
+        "valid_after": "2001-09-09T01:41:40Z",
+        "valid_before": "2001-09-09T01:56:40Z",
+        "key": issued.key_fingerprint,
+        "reason": "enroll",
+    }
+    assert issued.describe("enroll") == (
+        f"issued certificate serial={issued.serial} node=edge-1 "
+        "valid=2001-09-09T01:41:40Z..2001-09-09T01:56:40Z "
+        f"key={issued.key_fingerprint} (enroll)"
+    )
+    assert not (ca.dir / "nodes" / "edge-1").exists()  # nothing but the log and the counter
+
+
+def test_revoked_nodes_and_keys_get_nothing(ca: certs.CaPaths) -> None:
+    key = new_key()
+    by_key = RevocationList(keys=frozenset({key.get_fingerprint("sha256")}))
+    for revoked in (RevocationList(nodes=frozenset({"edge-1"})), by_key):
+        with pytest.raises(SigningRefused) as refused:
+            sign_node_key(
+                ca.dir, "edge-1", key, lifetime_seconds=600, reason="renew", revoked=revoked
+            )
+        assert refused.value.reason == "node revoked"
+    with pytest.raises(SigningRefused, match="only lowercase letters"):
+        sign_node_key(ca.dir, "Edge_1", key, lifetime_seconds=600, reason="renew")
+    with pytest.raises(SigningRefused, match="lifetime below 60"):
+        sign_node_key(ca.dir, "edge-1", key, lifetime_seconds=5, reason="renew")
+    assert not ca.issued_log.exists()
+
+
+def test_an_enroll_token_is_signed_by_the_user_ca(ca: certs.CaPaths) -> None:
+    text, exp = make_enroll_token(ca.dir, "edge-1", ttl_seconds=3600, now=1000)
+    token = parse_token(text)
+    assert (token.node, token.exp, exp) == ("edge-1", 4600, 4600)
+    assert verify_token(token, [asyncssh.read_public_key(ca.user_ca_pub)])
+    assert not verify_token(token, [asyncssh.read_public_key(ca.host_ca_pub)])
+    other, _ = make_enroll_token(ca.dir, "edge-1", ttl_seconds=3600, now=1000)
+    assert parse_token(other).nonce != token.nonce
+
+
+# -- the signer ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b"not json\n", "bad request"),
+        (b"[1]\n", "bad request"),
+        (b'{"node": "edge-1", "reason": "enroll", "lifetime_seconds": 60}\n', "bad request"),
+        (
+            b'{"node": "edge-1", "public_key": "x", "reason": "enroll", "lifetime_seconds": true}',
+            "bad request",
+        ),
+        (
+            b'{"node": "edge-1", "public_key": "ssh-ed25519 AAAA", "reason": "enroll",'
+            b' "lifetime_seconds": 600}',
+            "not a public key",
+        ),
+        (
+            b'{"node": "Edge_1", "public_key": "KEY", "reason": "enroll", "lifetime_seconds": 600}',
+            "not a node name",
+        ),
+        (
+            b'{"node": "edge-1", "public_key": "KEY", "reason": "steal", "lifetime_seconds": 600}',
+            "bad request",
+        ),
+        (
+            b'{"node": "edge-9", "public_key": "KEY", "reason": "enroll", "lifetime_seconds": 600}',
+            "node revoked",
+        ),
+    ],
+)
+async def test_the_signer_answers_hostile_requests_with_an_error(
+    ca: certs.CaPaths, tmp_path: Path, line: bytes, error: str
+) -> None:
+    certs.revoke(ca.dir, "edge-9")
+    server = SignerServer(ca.dir, tmp_path / "s.sock", max_lifetime_seconds=3600)
+    key = new_key().export_public_key().decode().strip()
+    assert await server.answer(line.replace(b"KEY", key.encode())) == {"error": error}
+    assert not ca.issued_log.exists()
+
+
+async def test_the_signer_over_its_socket_caps_the_lifetime(
+    ca: certs.CaPaths, tmp_path: Path
+) -> None:
+    path = tmp_path / "s.sock"
+    server = SignerServer(ca.dir, path, max_lifetime_seconds=600)
+    await server.start()
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        key = new_key()
+        client = SocketSigner(path)
+        issued = await client.sign(
+            "edge-1", key.export_public_key().decode(), reason="renew", lifetime_seconds=86400
+        )
+        assert issued.valid_before - issued.valid_after == 600 + certs.BACKDATE_SECONDS
+        assert issued.key_fingerprint == key.get_fingerprint("sha256")
+        with pytest.raises(SigningRefused) as refused:
+            await client.sign("edge-1", "nonsense", reason="renew", lifetime_seconds=600)
+        assert refused.value.reason == "not a public key"
+        # a request line over the limit gets an answer, not a hang
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        writer.write(b"x" * 70_000 + b"\n")
+        await writer.drain()
+        assert json.loads(await reader.readline()) == {"error": "request too long"}
+        writer.close()
+    finally:
+        await server.close()
+    assert not path.exists()
+
+
+def test_a_second_signer_on_a_live_socket_is_refused(ca: certs.CaPaths, tmp_path: Path) -> None:
+    async def run() -> None:
+        path = tmp_path / "s.sock"
+        first = SignerServer(ca.dir, path, max_lifetime_seconds=600)
+        await first.start()
+        try:
+            second = SignerServer(ca.dir, path, max_lifetime_seconds=600)
+            with pytest.raises(Exception, match="another signer is listening"):
+                await second.start()
+        finally:
+            await first.close()
+
+    asyncio.run(run())
+
+
+def test_refusal_is_plain_data() -> None:
+    assert Refusal("enroll_used", "why") == Refusal("enroll_used", "why")
+
+
+# -- certs enroll-token ---------------------------------------------------------------------
+
+
+def test_enroll_token_writes_a_private_file_and_prints_no_secret(
+    ca: certs.CaPaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "enroll-token", "edge-1", "--dir", str(ca.dir), "--ttl", "2h"]) == 0
+    out = capsys.readouterr().out
+    file = ca.dir / "enroll" / "edge-1.token"
+    assert stat.S_IMODE(file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(file.parent.stat().st_mode) == 0o700
+    token = parse_token(file.read_text())
+    assert token.node == "edge-1"
+    assert file.read_text().strip() not in out and token.nonce not in out
+    host_ca = asyncssh.read_public_key(ca.host_ca_pub).get_fingerprint("sha256")
+    assert f"host CA fingerprint: {host_ca}" in out
+    assert (
+        f"edge-agent enroll --gateway GATEWAY:2222 --token-file edge-1.token "
+        f"--host-ca-fingerprint {host_ca} --node-name edge-1"
+    ) in out
+    assert "(2h), single use" in out and str(file) in out
+    # a second one for the same file is refused; --out and --print give another
+    assert main(["certs", "enroll-token", "edge-1", "--ca-dir", str(ca.dir)]) == 2
+    assert "remove it, or pass --out" in capsys.readouterr().err
+    other = ca.dir / "other.token"
+    args = ["certs", "enroll-token", "edge-1", "--ca-dir", str(ca.dir), "--out", str(other)]
+    assert main([*args, "--print"]) == 0
+    assert f"token: {other.read_text().strip()}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ttl", ["5x", "h", "-1h"])
+def test_enroll_token_refuses_a_bad_ttl(
+    ca: certs.CaPaths, capsys: pytest.CaptureFixture[str], ttl: str
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["certs", "enroll-token", "edge-1", "--dir", str(ca.dir), f"--ttl={ttl}"])
+    assert "not a duration" in capsys.readouterr().err
