@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import cast
 from urllib.parse import urlsplit, urlunsplit
@@ -40,7 +40,7 @@ from cloud_gateway.ingest import Ingest
 from cloud_gateway.peers import PeerClient, start_peer_listener
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.proxy_listener import proxied_listener
-from cloud_gateway.registry import FB_FAMILIES, Registry, RegistryConfig
+from cloud_gateway.registry import FB_FAMILIES, NodeState, Registry, RegistryConfig
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.self_metrics import SelfMetrics
@@ -158,6 +158,7 @@ class Gateway:
             clock=clock,
             endpoints=self.endpoints,
             held=self.ingest.conflicts.held,  # no directory claim for a held node
+            forgotten=self._forgotten,
         )
         self.http.directory = self.link
         self.certificates = self.http.certificates  # node certificate expiry (the tick's)
@@ -288,6 +289,17 @@ class Gateway:
         self.certificates.refresh(
             now, live=self.ssh.revalidate(), held=states, stored=self.link.stored_certificates()
         )
+        self._publish_gateway_families(states)
+
+    def _forgotten(self, nodes: list[str]) -> None:
+        """Another gateway holds these nodes now: their certificate series leave this
+        gateway's /metrics at once too, not on the next refresh."""
+        self.certificates.forget(nodes)
+        if self.ssh is not None:
+            self._publish_gateway_families(self.registry.states(self.clock()))
+
+    def _publish_gateway_families(self, states: Mapping[str, NodeState]) -> None:
+        assert self.ssh is not None
         self.exposition.set_extra(
             gateway_families(
                 states=states,

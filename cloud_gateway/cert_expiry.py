@@ -137,6 +137,12 @@ class CertificateExpiry:
         known = self._known.get(node)
         return (known.expires, known.serial) if known is not None else (None, None)
 
+    def forget(self, nodes: Collection[str]) -> None:
+        """These nodes are no longer this gateway's (another gateway holds them)."""
+        for node in nodes:
+            self._known.pop(node, None)
+            self._certs.pop(node, None)
+
     def family(self, node_label: str) -> tuple[Family, list[Sample]]:
         """The gauge's samples, nodes sorted by name, named by ``node_label``."""
         samples = [

@@ -56,16 +56,20 @@ class DirectoryLink:
         clock: Callable[[], float] = time.time,
         endpoints: EndpointTable | None = None,
         held: Callable[[str, float], bool] | None = None,
+        forgotten: Callable[[list[str]], None] | None = None,
     ) -> None:
         """``let_go(reason, node)``: GOODBYE to ``node``'s agent (every agent: None).
         ``held(node, now)``: the node is refused for now (``ssh.duplicate_connection =
-        refuse_both`` after a fight, cloud_gateway.conflicts): no claim is made for it."""
+        refuse_both`` after a fight, cloud_gateway.conflicts): no claim is made for it.
+        ``forgotten(nodes)``: these nodes left the registry because another gateway has
+        them (or this one fenced): whatever else this gateway shows of them goes too."""
         self.cfg = cfg
         self.registry = registry
         self.endpoints = endpoints  # what nodes publish, written for the whole cluster
         self.gateway = cfg.resolved_gateway_id()
         self._let_go = let_go
         self._held = held
+        self._forgotten = forgotten
         self._clock = clock
         self.errors: Counter[str] = Counter()  # the single gateway's inventory errors
         self.inventory: dict[str, NodeEntry] = {}  # what the directory held at start
@@ -236,6 +240,8 @@ class DirectoryLink:
             return  # never here: nothing to do (claims of the whole fleet pass by)
         self._let_go(f"node {node} is now on gateway {owner}", node)
         self.registry.forget(node)
+        if self._forgotten is not None:
+            self._forgotten([node])
 
     def _shed(self, nodes: list[str]) -> None:
         """Above the fair share: GOODBYE to these nodes' agents (they come back through
@@ -245,8 +251,11 @@ class DirectoryLink:
 
     def _fenced(self, reason: str) -> None:
         count = self._let_go(reason, None)
-        for view in self.registry.nodes(self._clock()):
-            self.registry.forget(view.name)
+        names = [view.name for view in self.registry.nodes(self._clock())]
+        for name in names:
+            self.registry.forget(name)
+        if self._forgotten is not None and names:
+            self._forgotten(names)
         log.error("fenced: let %d agent(s) go", count)
 
     # -- the fleet view ---------------------------------------------------------------------
