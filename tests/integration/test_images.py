@@ -1,13 +1,16 @@
 """deploy/images/build.sh, run for real: both OCI archives are built (debootstrap, buildah
-with a private vfs storage), unpacked like a runtime would, and run without a container
-runtime (none here: no runc, no crun): the image's entrypoint and command, its environment
-and its user, in a chroot in a private mount namespace with /proc and /dev. The gateway,
-its PKI made by the image's own `cloud-gateway certs`, serves /healthz as uid 65532 on a
-loopback port, and the agent image (simulated GPUs) pushes to it over SSH.
+with a private vfs storage), unpacked like a runtime would, and run two ways.
 
-Needs root, buildah, debootstrap and deb.debian.org/PyPI (`buildah_bin` skips without
-them, fails under EDGE_GPU_RELAY_REQUIRE_BUILDAH=1). The debootstrapped root filesystem is
-made once per session (EDGE_GPU_RELAY_IMAGE_CACHE: a directory kept between runs instead).
+Without a runtime: the image's entrypoint and command, its environment and its user, in a
+chroot in a private mount namespace with /proc and /dev. The gateway, its PKI made by the
+image's own `cloud-gateway certs`, serves /healthz as uid 65532 on a loopback port, and the
+agent image (simulated GPUs) pushes to it over SSH. With a real OCI runtime: buildah loads
+the gateway's archive and runc runs it (test_gateway_image_runs_under_runc).
+
+Needs root, buildah, debootstrap, runc and deb.debian.org/PyPI (`buildah_bin` and
+`runc_bin` skip without them, fail under EDGE_GPU_RELAY_REQUIRE_BUILDAH=1). The
+debootstrapped root filesystem is made once per module (EDGE_GPU_RELAY_IMAGE_CACHE: a
+directory kept between runs instead).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -387,3 +391,125 @@ directory = "/var/lib/edge-gpu-relay/spool"
         gateway_status = gw.stop()
     assert gateway_status == 0, gw.tail()
     assert agent_status == 0, ag.tail()
+
+
+@pytest.fixture
+def runc_bin() -> Path:
+    """runc (Debian package runc), the OCI runtime `buildah run` hands the container to;
+    required when CI requires buildah."""
+    runc = shutil.which("runc") or ("/usr/sbin/runc" if Path("/usr/sbin/runc").exists() else None)
+    if runc is None:
+        msg = "runc not found (Debian package runc)"
+        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_BUILDAH") == "1":
+            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_BUILDAH=1 makes this a failure")
+        pytest.skip(msg)
+    return Path(runc)
+
+
+def _descendants(pid: int) -> Iterator[int]:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            yield int(child)
+            yield from _descendants(int(child))
+
+
+def test_gateway_image_runs_under_runc(
+    images: dict[str, Image], builds: Builds, runc_bin: Path, tmp_path: Path
+) -> None:
+    """A real OCI runtime: buildah loads the archive, runc runs the image's command as its
+    user; the config and PKI come in on a volume (as the manifests' Secrets do), made by
+    the image's own `cloud-gateway certs` in a first container."""
+    gateway = images["cloud-gateway"]
+    storage = builds.tmp / "runc-storage"
+    buildah = [
+        "buildah",
+        "--storage-driver",
+        "vfs",
+        "--root",
+        str(storage / "root"),
+        "--runroot",
+        str(storage / "run"),
+    ]
+
+    def ok(*args: str) -> str:
+        proc = subprocess.run(
+            [*buildah, *args], capture_output=True, text=True, timeout=300, check=False
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    os.chown(etc, GATEWAY_UID, GATEWAY_UID)  # fsGroup's job in Kubernetes
+    runtime = ["--runtime", str(runc_bin), "--network", "host", "-v", f"{etc}:/etc/edge-gpu-relay"]
+    try:
+        container = ok("from", "--quiet", f"oci-archive:{gateway.archive}").strip()
+        inspected = json.loads(ok("inspect", "--type", "container", container))
+        assert inspected["OCIv1"]["config"]["User"] == f"{GATEWAY_UID}:{GATEWAY_UID}"
+        assert inspected["OCIv1"]["config"]["Entrypoint"] == gateway.config["Entrypoint"]
+        ident = ok(
+            "run", *runtime, container, "--", "sh", "-c", "id -u; id -g; cloud-gateway --version"
+        )
+        assert ident.split("\n")[:3] == [
+            str(GATEWAY_UID),
+            str(GATEWAY_UID),
+            f"cloud-gateway {installed_version()}",
+        ]
+        ca = "/etc/edge-gpu-relay/ca"
+        ok("run", *runtime, container, "--", "cloud-gateway", "certs", "init-ca", "--dir", ca)
+        ok(
+            "run",
+            *runtime,
+            container,
+            "--",
+            "cloud-gateway",
+            "certs",
+            "issue-gateway",
+            "localhost",
+            "--ca-dir",
+            ca,
+        )
+        ssh_port, http_port = free_ports(2)
+        config = GatewayConfig(
+            drain_seconds=1.0,
+            ssh=SshConfig(
+                listen=f"127.0.0.1:{ssh_port}",
+                host_key=Path(ca) / "gateways" / "localhost",
+                user_ca=Path(ca) / "user_ca.pub",
+            ),
+            http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
+        )
+        (etc / "gateway.toml").write_text(gateway_toml(config))
+        command = [*gateway.config["Entrypoint"], *gateway.config["Cmd"]]
+        gw = Process(
+            "cloud-gateway under runc",
+            [*buildah, "run", *runtime, container, "--", *command],
+            tmp_path / "gateway.log",
+        )
+        gw.start()
+        try:
+            wait_until(
+                lambda: (
+                    httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=5).status_code == 200
+                ),
+                90,
+                "/healthz of the gateway under runc",
+                alive=[gw],
+            )
+            [pid] = [
+                p
+                for p in _descendants(gw.pid)
+                if command[0] in Path(f"/proc/{p}/cmdline").read_text().split("\0")
+            ]
+            assert _uid_of(pid) == GATEWAY_UID
+            os.kill(pid, signal.SIGTERM)  # what the kubelet sends: drains, exits 0
+            assert gw.proc is not None
+            assert gw.proc.wait(timeout=60) == 0, gw.tail()
+        finally:
+            gw.stop()
+    finally:
+        subprocess.run([*buildah, "rm", "--all"], capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            [*buildah, "rmi", "--all", "--force"], capture_output=True, timeout=120, check=False
+        )
+        shutil.rmtree(storage, ignore_errors=True)
