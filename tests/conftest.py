@@ -167,6 +167,18 @@ def haproxy_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def chromium_bin() -> Path:
+    """Debian's Chromium, which the browser tests drive through Playwright (never a
+    browser Playwright downloads)."""
+    path = Path("/usr/bin/chromium")
+    return _required_binary(
+        path if path.exists() else None,
+        "chromium (Debian package `chromium`)",
+        "EDGE_GPU_RELAY_REQUIRE_CHROMIUM",
+    )
+
+
+@pytest.fixture(scope="session")
 def victoria_bin() -> Path:
     from harness.victoria import find_victoria
 
