@@ -4,6 +4,12 @@
 #   sudo deploy/install-edge-agent.sh --gateway gw.example.com:2222 --node edge-box-1 \
 #        --key ./edge-box-1 --known-hosts ./known_hosts          # + ./edge-box-1-cert.pub
 #
+# or, with a one-time token instead of a key and certificate copied by hand (the key is
+# made on this box and the certificate renewed by the agent itself):
+#
+#   sudo deploy/install-edge-agent.sh --gateway gw.example.com:2222 --node edge-box-1 \
+#        --enroll-token ./edge-box-1.token --host-ca-fingerprint SHA256:...
+#
 # Run `install-edge-agent.sh --help` for every option. What it does, in order: creates the
 # system user edge-gpu-relay, a virtualenv in /opt/edge-gpu-relay/venv with this package,
 # /etc/edge-gpu-relay/agent.toml from the flags, installs the node key, certificate and
@@ -32,6 +38,9 @@ CONFIG=$ETC_DIR/agent.toml
 KEY=$ETC_DIR/node.key
 CERT=$ETC_DIR/node.key-cert.pub # the agent's default: <key>-cert.pub
 KNOWN_HOSTS=$ETC_DIR/known_hosts
+# With --enroll-token the key and certificate live in the state directory instead: the
+# agent renews the certificate itself, and /etc is read-only to it (ProtectSystem=strict).
+ENROLLED_KEY=$STATE_DIR/node.key
 NODE_NAME_RE='^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$' # DNS-1123 label: the certificate principal
 
 usage() {
@@ -46,6 +55,12 @@ Agent configuration (written to $CONFIG):
   --key FILE             the node's private key (from \`cloud-gateway certs issue-node NODE\`)
   --cert FILE            its certificate (default: FILE-cert.pub next to --key)
   --known-hosts FILE     "@cert-authority * <host CA>" (the CA directory's known_hosts)
+  --enroll-token FILE    instead of --key/--cert: a one-time token from \`cloud-gateway
+                         certs enroll-token NODE\`; \`edge-agent enroll\` makes the key here
+                         and gets the certificate (both in $STATE_DIR; the agent renews it)
+  --host-ca-fingerprint SHA256:...
+                         with --enroll-token and no --known-hosts: the gateways' host CA as
+                         \`certs enroll-token\` printed it; known_hosts is written from it
   --node NAME            node name = the certificate's principal (default: the hostname)
   --domain NAME          network domain reported to the gateway (default: the node name)
   --listen HOST:PORT     local /metrics, /v1/collect, /healthz (default 127.0.0.1:9400)
@@ -91,6 +106,7 @@ warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
 
 # --- arguments ------------------------------------------------------------------------
 GATEWAY="" KEY_SRC="" CERT_SRC="" KNOWN_HOSTS_SRC="" NODE="" DOMAIN="" LISTEN=""
+ENROLL_TOKEN="" HOST_CA_FP=""
 SOURCE="" PIP_ARGS="" PYTHON=python3 ROOT="" MODE=install PURGE=0 NO_VENV=0 DOCKER_GROUP=0
 CONFIG_FLAGS=() # the configuration flags given, to refuse them with --upgrade/--uninstall
 MODE_FLAGS=()
@@ -108,7 +124,7 @@ while (($#)); do
     esac
     case $arg in
     --gateway | --key | --cert | --known-hosts | --node | --domain | --listen | --source | \
-        --pip-args | --python | --root)
+        --pip-args | --python | --root | --enroll-token | --host-ca-fingerprint)
         if ((!has_value)); then
             (($#)) || die "$arg needs a value (see --help)"
             value=$1
@@ -126,6 +142,8 @@ while (($#)); do
     --key) KEY_SRC=$value ;;
     --cert) CERT_SRC=$value ;;
     --known-hosts) KNOWN_HOSTS_SRC=$value ;;
+    --enroll-token) ENROLL_TOKEN=$value ;;
+    --host-ca-fingerprint) HOST_CA_FP=$value ;;
     --node) NODE=$value ;;
     --domain) DOMAIN=$value ;;
     --listen) LISTEN=$value ;;
@@ -144,7 +162,8 @@ while (($#)); do
         ;;
     esac
     case $arg in
-    --gateway | --key | --cert | --known-hosts | --node | --domain | --listen | --docker-group)
+    --gateway | --key | --cert | --known-hosts | --node | --domain | --listen | --docker-group | \
+        --enroll-token | --host-ca-fingerprint)
         CONFIG_FLAGS+=("$arg")
         ;;
     --upgrade | --uninstall) MODE_FLAGS+=("$arg") ;;
@@ -457,6 +476,17 @@ EOF
 address = $(toml_string "$GATEWAY")
 known_hosts = $(toml_string "$KNOWN_HOSTS")
 key = $(toml_string "$KEY")   # certificate: $CERT
+EOF
+        if [[ -n $ENROLL_TOKEN ]]; then
+            cat <<EOF
+# Enrolled with a token: the agent asks the gateway for a new certificate at two thirds of
+# its lifetime, over its tunnel, and writes it here (renew = false turns that off;
+# renew_new_key = true makes a new key each time).
+#renew = true
+#renew_new_key = false
+EOF
+        fi
+        cat <<EOF
 
 # The spool, on by default with these values: every collection is kept in
 # $STATE_DIR/spool.sqlite until the gateway acknowledges it, so a link outage
@@ -505,7 +535,9 @@ install_config() {
 
 install_credentials() {
     local owner="$SVC_USER:$SVC_USER"
-    if [[ -n $GATEWAY ]]; then
+    if [[ -n $ENROLL_TOKEN ]]; then
+        [[ -z $KNOWN_HOSTS_SRC ]] || install_file "$KNOWN_HOSTS_SRC" "$R$KNOWN_HOSTS" 0644 root:root
+    elif [[ -n $GATEWAY ]]; then
         install_file "$KEY_SRC" "$R$KEY" 0600 "$owner"
         install_file "$CERT_SRC" "$R$CERT" 0600 "$owner"
         install_file "$KNOWN_HOSTS_SRC" "$R$KNOWN_HOSTS" 0644 root:root
@@ -526,6 +558,35 @@ z $KEY 0600 $SVC_USER $SVC_USER -
 z $CERT 0600 $SVC_USER $SVC_USER -
 EOF
     fi
+}
+
+# edge-agent enroll: the key made here, the certificate from the gateway (a token is single
+# use, so an existing certificate is kept: running the installer again does not enroll
+# again). In a --root tree the config's paths are the target's: the EDGE_AGENT_* variables
+# point the command at the tree instead.
+enroll_node() {
+    [[ -n $ENROLL_TOKEN ]] || return 0
+    if [[ -f $R$CERT ]]; then
+        say "unchanged  $R$CERT (enrolled already; the token is not used again: remove the certificate to enroll anew)"
+        return 0
+    fi
+    local agent=$R$VENV_DIR/bin/edge-agent fp_args=()
+    if [[ ! -x $agent ]]; then
+        say "skipped    enrolling ($agent is not installed, --no-venv); once it is, run:"
+        say "           $VENV_DIR/bin/edge-agent enroll --config $CONFIG --token-file TOKEN${HOST_CA_FP:+ --host-ca-fingerprint $HOST_CA_FP}"
+        return 0
+    fi
+    [[ -z $HOST_CA_FP ]] || fp_args=(--host-ca-fingerprint "$HOST_CA_FP")
+    if ! EDGE_AGENT_GATEWAY_KEY=$R$KEY EDGE_AGENT_GATEWAY_KNOWN_HOSTS=$R$KNOWN_HOSTS \
+        "$agent" enroll --config "$R$CONFIG" --token-file "$ENROLL_TOKEN" "${fp_args[@]}" \
+        >"$WORK/enroll.log" 2>&1; then
+        fail "enrolling failed: $(tail -n1 "$WORK/enroll.log")"
+    fi
+    sed 's/^/           /' "$WORK/enroll.log"
+    set_owner "$R$KEY" "$SVC_USER:$SVC_USER"
+    set_owner "$R$CERT" "$SVC_USER:$SVC_USER"
+    say "enrolled   $NODE: $R$CERT"
+    CHANGED=$((CHANGED + 1))
 }
 
 install_unit() {
@@ -633,7 +694,24 @@ do_install() {
     fi
     [[ -z $DOMAIN || $DOMAIN =~ ^[^[:space:][:cntrl:]\"\\]+$ ]] || die "--domain '$DOMAIN' may not contain spaces, quotes or backslashes"
     [[ -z $LISTEN ]] || check_host_port --listen "$LISTEN" 1
-    if [[ -n $GATEWAY ]]; then
+    if [[ -n $ENROLL_TOKEN ]]; then
+        [[ -n $GATEWAY ]] || die "--enroll-token needs --gateway HOST:PORT (the gateway to enroll with)"
+        check_host_port --gateway "$GATEWAY" 0
+        [[ -z $KEY_SRC$CERT_SRC ]] || die "--enroll-token makes the key here and gets the certificate: leave out --key and --cert"
+        check_readable --enroll-token "$ENROLL_TOKEN"
+        grep -q '^gpr1\.' "$ENROLL_TOKEN" || die "--enroll-token $ENROLL_TOKEN holds no enrollment token (from 'cloud-gateway certs enroll-token $NODE')"
+        ENROLL_TOKEN=$(cd -- "$(dirname -- "$ENROLL_TOKEN")" && pwd -P)/${ENROLL_TOKEN##*/}
+        if [[ -n $HOST_CA_FP ]]; then
+            [[ $HOST_CA_FP =~ ^SHA256:[A-Za-z0-9+/]{43}$ ]] || die "--host-ca-fingerprint '$HOST_CA_FP' must look like SHA256:<43 base64 characters>, as 'certs enroll-token' printed it"
+        elif [[ -z $KNOWN_HOSTS_SRC ]]; then
+            die "--enroll-token needs --host-ca-fingerprint SHA256:... (printed by 'cloud-gateway certs enroll-token') or --known-hosts FILE, to verify the gateway before the token is sent"
+        fi
+        [[ -z $KNOWN_HOSTS_SRC ]] || check_readable --known-hosts "$KNOWN_HOSTS_SRC"
+        KEY=$ENROLLED_KEY
+        CERT=$ENROLLED_KEY-cert.pub
+    elif [[ -n $HOST_CA_FP ]]; then
+        die "--host-ca-fingerprint goes with --enroll-token"
+    elif [[ -n $GATEWAY ]]; then
         check_host_port --gateway "$GATEWAY" 0
         [[ -n $KEY_SRC ]] || die "--gateway needs --key FILE (the node's private key from 'cloud-gateway certs issue-node $NODE')"
         [[ -n $KNOWN_HOSTS_SRC ]] || die "--gateway needs --known-hosts FILE (the fleet CA directory's known_hosts)"
@@ -660,6 +738,7 @@ do_install() {
     install_config
     install_credentials
     ensure_dir "$R$STATE_DIR" 0750 "$SVC_USER:$SVC_USER"
+    enroll_node
     install_unit
     install_dropins
     check_devices
@@ -709,7 +788,8 @@ do_uninstall() {
     remove_path "$R$VENV_DIR"
     remove_dir_if_empty "$R$OPT_DIR"
     local f
-    for f in "$CONFIG" "$CONFIG.bak" "$KEY" "$CERT" "$KNOWN_HOSTS"; do
+    for f in "$CONFIG" "$CONFIG.bak" "$KEY" "$CERT" "$KNOWN_HOSTS" "$ENROLLED_KEY" \
+        "$ENROLLED_KEY-cert.pub" "$ENROLLED_KEY.next"; do
         remove_path "$R$f"
     done
     remove_dir_if_empty "$R$ETC_DIR"

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -138,6 +139,8 @@ def _enroll(args: argparse.Namespace) -> None:
     cfg = load(args.config)
     node = resolve_node_name(args.node_name or cfg.node_name, os.environ)
     _log_setup(cfg, node)
+    # A command a person runs: its result, not asyncssh's account of each connection step.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
     done = asyncio.run(
         enroll(
             cfg.gateway,

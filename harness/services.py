@@ -58,7 +58,8 @@ class GatewayProc(Process):
     ``ssh_host``: the SSH listener's address instead of loopback (an
     :class:`harness.netns.Uplink`'s ``gateway_host``; the PKI must name it); ``registry``:
     keys of its ``[registry]`` section (liveness thresholds); ``cluster``: its ``[cluster]``
-    section (a member of several gateways on one PostgreSQL)."""
+    section (a member of several gateways on one PostgreSQL); ``enroll``: keys of its
+    ``[enroll]`` section (enrollment and renewal of node certificates)."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class GatewayProc(Process):
         ssh_host: str = "127.0.0.1",
         registry: Mapping[str, Any] | None = None,
         cluster: ClusterSection | None = None,
+        enroll: Mapping[str, Any] | None = None,
     ) -> None:
         self.ssh_port, self.http_port = free_ports(2)
         self.ssh_host = ssh_host
@@ -82,6 +84,8 @@ class GatewayProc(Process):
             cfg = dataclasses.replace(cfg, registry=RegistrySection(**registry))
         if cluster is not None:
             cfg = dataclasses.replace(cfg, cluster=cluster)
+        if enroll:
+            cfg = dataclasses.replace(cfg, enroll=dataclasses.replace(cfg.enroll, **enroll))
         remote_write = cfg.remote_write
         if remote_write_url:
             remote_write = dataclasses.replace(
@@ -108,12 +112,20 @@ class GatewayProc(Process):
         return httpx.get(f"{self.url}/metrics", timeout=10).text
 
 
+def _issued(pki: Pki, node: str) -> tuple[Path, Path]:
+    creds = pki.node(node)
+    assert creds.private_key is not None
+    return creds.private_key, creds.certificate
+
+
 class AgentProc(Process):
     """An agent of ``node`` with two simulated GPUs, collecting every second and pushing to
     ``gateway`` through its spool in ``spool_dir``. ``prefix`` goes before its argv, e.g.
     :attr:`harness.netns.Uplink.prefix` to run it in the edge namespace (its local HTTP,
     ``url`` and :meth:`metric`, is then inside that namespace, out of this one's reach).
-    ``address``: HOST:PORT to dial instead of ``gateway``'s (a balancer in front of it)."""
+    ``address``: HOST:PORT to dial instead of ``gateway``'s (a balancer in front of it);
+    ``credentials``: its key and certificate files (an enrolled node's) instead of a
+    certificate issued here."""
 
     def __init__(
         self,
@@ -127,8 +139,9 @@ class AgentProc(Process):
         max_in_flight: float = 64,
         prefix: Sequence[str] = (),
         address: str = "",
+        credentials: tuple[Path, Path] | None = None,
     ) -> None:
-        creds = pki.node(node)
+        key, certificate = credentials or _issued(pki, node)
         address = address or f"{gateway.ssh_host}:{gateway.ssh_port}"
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -147,8 +160,8 @@ processes_per_gpu = 2
 [gateway]
 address = "{address}"
 known_hosts = "{pki.ca.known_hosts}"
-key = "{creds.private_key}"
-certificate = "{creds.certificate}"
+key = "{key}"
+certificate = "{certificate}"
 backoff_initial_seconds = 0.2
 backoff_max_seconds = 1.0
 connect_timeout_seconds = 5.0

@@ -15,12 +15,17 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from edge_agent.config import load
+from gpurelay.enrollment import sign_token
 from harness.fleet import Pki, make_pki
+from harness.services import GatewayProc
+from harness.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "install-edge-agent.sh"
@@ -415,3 +420,101 @@ def test_real_venv_install_rerun_and_upgrade(wheel: Path, tmp_path: Path) -> Non
     out = ok("--root", root, "--upgrade", "--source", wheel, "--pip-args", "--no-deps --no-index")
     assert "upgraded   edge-gpu-relay 0.1.0" in out
     assert init.stat().st_mtime_ns != before  # reinstalled although the version is the same
+
+
+# --- --enroll-token ----------------------------------------------------------------------------
+
+
+def _token(pki: Pki, tmp_path: Path, node: str = NODE) -> Path:
+    ca = asyncssh.read_private_key(str(pki.ca.user_ca))
+    path = tmp_path / f"{node}.token"
+    path.write_text(sign_token(ca, node, int(time.time()) + 600, os.urandom(16).hex()) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _host_ca(pki: Pki) -> str:
+    return str(asyncssh.read_public_key(str(pki.ca.host_ca_pub)).get_fingerprint("sha256"))
+
+
+def test_enroll_token_flags_need_each_other_and_clear_input(pki: Pki, tmp_path: Path) -> None:
+    token, fp = _token(pki, tmp_path), _host_ca(pki)
+    notoken = tmp_path / "notoken"
+    notoken.write_text("not a token\n")
+    gw = ("--gateway", "gw:2222", "--node", NODE)
+    cases: list[tuple[tuple[str | Path, ...], str]] = [
+        (("--enroll-token", token, "--host-ca-fingerprint", fp), "needs --gateway"),
+        ((*gw, "--enroll-token", token), "needs --host-ca-fingerprint SHA256:"),
+        ((*gw, "--enroll-token", token, "--host-ca-fingerprint", "SHA256:x"), "must look like"),
+        ((*gw, "--enroll-token", notoken, "--host-ca-fingerprint", fp), "holds no enrollment"),
+        ((*gw, "--enroll-token", token, "--host-ca-fingerprint", fp, "--key", token), "leave out"),
+        ((*gw, "--host-ca-fingerprint", fp), "goes with --enroll-token"),
+    ]
+    for args, message in cases:
+        root = tmp_path / "root"
+        proc = run("--root", root, "--no-venv", *args)
+        errors = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert len(errors) == 1 and message in errors[0], (args, errors)
+        assert not (root / "etc").exists(), (args, proc.stdout)
+
+
+def test_enroll_token_without_the_agent_installed_writes_the_config_and_says_how(
+    pki: Pki, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    fp = _host_ca(pki)
+    out = ok(
+        "--root", root, "--no-venv", "--gateway", "gw.example.com:2222", "--node", NODE,
+        "--enroll-token", _token(pki, tmp_path), "--host-ca-fingerprint", fp,
+    )  # fmt: skip
+    cfg = load(root / "etc" / "edge-gpu-relay" / "agent.toml", environ={})
+    # In the state directory: the agent renews the certificate there (/etc is read-only).
+    assert cfg.gateway.key == Path("/var/lib/edge-gpu-relay/node.key")
+    assert cfg.gateway.known_hosts == Path("/etc/edge-gpu-relay/known_hosts")
+    assert cfg.gateway.renew
+    assert "skipped    enrolling" in out and f"--host-ca-fingerprint {fp}" in out
+    assert not (root / "etc" / "edge-gpu-relay" / "node.key").exists()
+    tmpfiles = (root / "etc" / "tmpfiles.d" / "edge-gpu-relay.conf").read_text()
+    assert "z /var/lib/edge-gpu-relay/node.key 0600 edge-gpu-relay" in tmpfiles
+
+
+def test_enroll_token_enrolls_with_a_real_gateway_once(pki: Pki, tmp_path: Path) -> None:
+    """The installer runs `edge-agent enroll` (here a venv stand-in that runs this checkout)
+    against a real gateway with enrollment on; a second run keeps the certificate and does
+    not spend a token; --uninstall removes the credentials and keeps the spool."""
+    root = tmp_path / "root"
+    agent = root / "opt" / "edge-gpu-relay" / "venv" / "bin" / "edge-agent"
+    agent.parent.mkdir(parents=True)
+    agent.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m edge_agent "$@"\n')
+    agent.chmod(0o755)
+    gateway = GatewayProc(
+        pki, tmp_path, enroll={"enabled": True, "user_ca_key": str(pki.ca.user_ca)}
+    )
+    gateway.start()
+    try:
+        wait_until(gateway.ready, 60, "gateway ready", alive=[gateway])
+        flags = [
+            "--root", root, "--no-venv", "--gateway", f"127.0.0.1:{gateway.ssh_port}",
+            "--node", NODE, "--enroll-token", _token(pki, tmp_path),
+            "--host-ca-fingerprint", _host_ca(pki),
+        ]  # fmt: skip
+        out = ok(*flags)
+        state = root / "var" / "lib" / "edge-gpu-relay"
+        key, cert = state / "node.key", state / "node.key-cert.pub"
+        assert f"enrolled   {NODE}: {cert}" in out and "enrolled node edge-box-1" in out
+        assert mode(key) == 0o600
+        enrolled = asyncssh.read_certificate(str(cert))
+        assert list(enrolled.principals) == [NODE]  # type: ignore[attr-defined]
+        assert enrolled.key.public_data == asyncssh.read_private_key(str(key)).public_data
+        known = (root / "etc" / "edge-gpu-relay" / "known_hosts").read_text()
+        assert known.split() == pki.ca.known_hosts.read_text().split()[:4]
+
+        again = ok(*flags)
+        assert "enrolled already" in again and "done: everything unchanged" in again
+        assert asyncssh.read_certificate(str(cert)).public_data == enrolled.public_data
+
+        gone = ok("--root", root, "--no-venv", "--uninstall")
+        assert not key.exists() and not cert.exists() and state.is_dir(), gone
+    finally:
+        gateway.stop()
