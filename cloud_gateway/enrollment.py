@@ -92,6 +92,22 @@ def check_enroll(section: EnrollSection) -> None:
         )
 
 
+# Refused enrollment logins, by reason (gpurelay_gateway_auth_failures_total{reason}).
+REFUSALS: tuple[str, ...] = (
+    "password_for_node",  # a node name offered a password: nodes log in by certificate
+    "enroll_disabled",
+    "enroll_bad_node",
+    "enroll_bad_token",
+    "enroll_bad_signature",
+    "enroll_other_node",
+    "enroll_expired",
+    "enroll_ttl_too_long",
+    "enroll_revoked",
+    "enroll_unavailable",  # the node directory could not say whether the token was used
+    "enroll_used",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     code: str  # gpurelay_gateway_auth_failures_total{reason}

@@ -17,6 +17,7 @@ from http import HTTPStatus
 from cloud_gateway import __version__
 from cloud_gateway.auth_policy import REASONS
 from cloud_gateway.cluster import Cluster
+from cloud_gateway.enrollment import REFUSALS as ENROLL_REFUSALS
 from cloud_gateway.exposition import FamilySamples
 from cloud_gateway.forwarding import ForwardStats
 from cloud_gateway.http_api import AUTH_FAILURE_REASONS, ENDPOINTS
@@ -229,7 +230,7 @@ CL_FENCED = _family(_CL + "fenced", "gauge", "1 while this gateway is fenced" + 
 DIRECTORY_OPERATIONS = ("claim", "release", "heartbeat", "listen", "entries", "leader")
 
 OTHER = "other"
-AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate")
+AUTH_REASONS = (*REASONS, "bad_certificate", "not_a_certificate", *ENROLL_REFUSALS)
 HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)
 
 

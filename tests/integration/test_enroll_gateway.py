@@ -30,7 +30,14 @@ from cloud_gateway.enrollment import EnrollSection
 from cloud_gateway.signing import SigningRefused, make_enroll_token
 from gpurelay.enrollment import ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM, sign_token
 from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello
-from harness.fleet import Pki, auth_failures, gateway_config, make_pki, running_gateway
+from harness.fleet import (
+    Pki,
+    auth_failures,
+    gateway_config,
+    make_pki,
+    metrics_text,
+    running_gateway,
+)
 from harness.waiting import wait_for
 
 LIFETIME = 3600
@@ -233,6 +240,12 @@ async def test_a_token_is_used_once(tmp_path: Path, caplog: pytest.LogCaptureFix
             with pytest.raises(asyncssh.PermissionDenied):
                 await enroll(pki, gw, "edge-1", token, key)
             await wait_for(lambda: auth_failures(gw, "enroll_used") == 1, what="counted")
+            series = 'gpurelay_gateway_auth_failures_total{reason="enroll_used"} 1'
+
+            async def exported() -> bool:
+                return series in await metrics_text(gw)
+
+            await wait_for(exported, what="the refusal in /metrics")
     assert "'edge-1': the token was used already" in caplog.text
     assert [line["reason"] for line in issued_log(pki)] == ["issue-gateway", "enroll"]
     assert_secret_kept(caplog, token)

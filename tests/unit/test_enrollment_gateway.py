@@ -6,19 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
 import asyncssh
 import pytest
 
-from cloud_gateway import certs
+from cloud_gateway import certs, enrollment
 from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.cli import main
 from cloud_gateway.config import load
 from cloud_gateway.directory_nonces import MemoryNonces
 from cloud_gateway.enrollment import EnrollSection, Refusal, check_enroll
 from cloud_gateway.errors import GatewayConfigError
+from cloud_gateway.gateway_metrics import AUTH_REASONS
 from cloud_gateway.revocation import RevocationList
 from cloud_gateway.signer import SignerServer, SocketSigner
 from cloud_gateway.signing import SigningRefused, make_enroll_token, sign_node_key
@@ -207,7 +209,14 @@ def test_a_second_signer_on_a_live_socket_is_refused(ca: certs.CaPaths, tmp_path
     asyncio.run(run())
 
 
-def test_refusal_is_plain_data() -> None:
+def test_every_refusal_code_is_a_metric_label() -> None:
+    """A code missing from REFUSALS would be counted as reason="other"."""
+    source = Path(enrollment.__file__).read_text()
+    codes = set(re.findall(r'Refusal\(\s*"(\w+)"', source))
+    codes |= set(re.findall(r'self\._refuse\(username, "(\w+)"', source))
+    codes.add("enroll_disabled")  # passed through a variable
+    assert codes == set(enrollment.REFUSALS)
+    assert set(enrollment.REFUSALS) <= set(AUTH_REASONS)
     assert Refusal("enroll_used", "why") == Refusal("enroll_used", "why")
 
 
