@@ -59,7 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         "made by `cloud-gateway certs enroll-token NODE` to the gateway, and write the "
         "certificate it signs (and known_hosts, if absent) where [gateway] in --config says.",
     )
-    enroll.add_argument("--config", type=Path, help="TOML config file (its [gateway] paths)")
+    enroll.add_argument(
+        "--config",
+        type=Path,
+        help="TOML config file, whose [gateway] key and known_hosts say where the files go "
+        "(default: /etc/edge-gpu-relay/agent.toml if it exists)",
+    )
     enroll.add_argument(
         "--gateway", metavar="HOST:PORT", help="the gateway's SSH port (default: the config's)"
     )
@@ -134,9 +139,12 @@ def _once(cfg: AgentConfig, fmt: str) -> None:
 
 
 def _enroll(args: argparse.Namespace) -> None:
-    from edge_agent.enroll import enroll, gateway_address
+    from edge_agent.enroll import DEFAULT_CONFIG, enroll, gateway_address
 
-    cfg = load(args.config)
+    config = args.config
+    if config is None and DEFAULT_CONFIG.is_file():  # the installed agent's
+        config = DEFAULT_CONFIG
+    cfg = load(config)
     node = resolve_node_name(args.node_name or cfg.node_name, os.environ)
     _log_setup(cfg, node)
     # A command a person runs: its result, not asyncssh's account of each connection step.

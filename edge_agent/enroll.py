@@ -17,6 +17,7 @@ a token sent to an unverified host could be taken by whoever answers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ from gpurelay.settings import SettingsError
 
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 ENROLL_TIMEOUT_SECONDS = 30.0
+# Where install-edge-agent.sh --enroll-token puts them (the key and certificate in the
+# unit's StateDirectory, writable for renewals); used when the config names none.
+DEFAULT_CONFIG = Path("/etc/edge-gpu-relay/agent.toml")
+DEFAULT_KEY = Path("/var/lib/edge-gpu-relay/node.key")
+DEFAULT_KNOWN_HOSTS = Path("/etc/edge-gpu-relay/known_hosts")
 
 
 class EnrollRefused(AgentError):
@@ -112,6 +118,7 @@ class Enrolled:
     known_hosts: Path
     wrote_known_hosts: bool
     ca_fingerprint: str
+    unconfigured: tuple[str, ...] = ()  # [gateway] lines the config lacks
 
     def report(self) -> str:
         lines = [
@@ -128,6 +135,9 @@ class Enrolled:
             )
         else:
             lines.append(f"kept       {self.known_hosts} (already there, used as is)")
+        if self.unconfigured:
+            lines.append("the agent's config must say where they are; under [gateway]:")
+            lines.extend(f"  {line}" for line in self.unconfigured)
         return "\n".join(lines)
 
 
@@ -176,14 +186,19 @@ async def enroll(
     token_file: Path,
     fingerprint: str | None,
     timeout: float = ENROLL_TIMEOUT_SECONDS,
+    defaults: tuple[Path, Path] = (DEFAULT_KEY, DEFAULT_KNOWN_HOSTS),
 ) -> Enrolled:
     """Enroll ``node`` with the gateway; write the key (if new), certificate and known_hosts
-    (if absent). Raises ConfigError for bad input, EnrollRefused when no certificate came."""
-    if cfg.key is None or cfg.known_hosts is None:
-        raise ConfigError(
-            "gateway.key and gateway.known_hosts must be set in the agent's config (where the "
-            "key, its certificate and the gateway's host CA go); pass --config FILE"
-        )
+    (if absent) where ``cfg`` says, else at ``defaults`` (the installer's places). Raises
+    ConfigError for bad input, EnrollRefused when no certificate came."""
+    unconfigured = []
+    if cfg.key is None:
+        cfg = dataclasses.replace(cfg, key=defaults[0], certificate=None)
+        unconfigured.append(f'key = "{defaults[0]}"')
+    if cfg.known_hosts is None:
+        cfg = dataclasses.replace(cfg, known_hosts=defaults[1])
+        unconfigured.append(f'known_hosts = "{defaults[1]}"')
+    assert cfg.key is not None and cfg.known_hosts is not None
     cert_path = cfg.certificate_path
     assert cert_path is not None
     token = read_token(token_file, node, time.time())
@@ -235,6 +250,7 @@ async def enroll(
         valid_before=validity.valid_before,
         known_hosts=cfg.known_hosts,
         wrote_known_hosts=wrote,
+        unconfigured=tuple(unconfigured),
         ca_fingerprint=(
             pinned.ca_key.get_fingerprint("sha256") if pinned.ca_key else ca_fingerprint
         ),

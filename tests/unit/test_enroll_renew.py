@@ -458,3 +458,24 @@ def test_enrolled_report_names_every_file(tmp_path: Path) -> None:
     ).report()
     assert "serial 9" in text and "2023-11-14" in text
     assert str(tmp_path / "k") in text and str(tmp_path / "kh") in text
+
+
+async def test_without_configured_paths_the_installers_places_are_used(
+    tmp_path: Path, ca: asyncssh.SSHKey
+) -> None:
+    """`edge-agent enroll` as `certs enroll-token` prints it (no --config): the key and
+    known_hosts go where install-edge-agent.sh --enroll-token would configure them."""
+    key, known = tmp_path / "state" / "node.key", tmp_path / "etc" / "known_hosts"
+    with pytest.raises(ConfigError, match=f"{known} does not exist"):
+        await enroll(
+            TunnelConfig(), node=NODE, gateway=("127.0.0.1", 1),
+            token_file=token_file(tmp_path, ca), fingerprint=None, defaults=(key, known),
+        )  # fmt: skip
+    from edge_agent.enroll import Enrolled
+
+    report = Enrolled(
+        node=NODE, key=key, new_key=True, certificate=tmp_path / "c", serial=1,
+        valid_before=1, known_hosts=known, wrote_known_hosts=True, ca_fingerprint="SHA256:x",
+        unconfigured=(f'key = "{key}"', f'known_hosts = "{known}"'),
+    ).report()  # fmt: skip
+    assert f'  key = "{key}"' in report and "under [gateway]" in report
