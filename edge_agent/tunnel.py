@@ -22,6 +22,11 @@ it has sent nothing (no ACK) for an interval (5 s at most), and drops a session 
 nothing at all arrived for ``silence_timeout_seconds`` (default 3 such periods + 5 s: 8 s
 at a 1 s interval, 20 s at 10 s); SSH keepalives are only the backstop. The local HTTP
 endpoints keep serving whatever happens here.
+
+The key and certificate are read again before every connection. Beside each session the
+:class:`edge_agent.renew.Renewer` watches the certificate's age; once it has renewed it
+over this connection, the session ends cleanly and the same gateway is dialled at once
+with the new certificate (the spool replays whatever was not acknowledged).
 """
 
 from __future__ import annotations
