@@ -43,6 +43,13 @@ DEBIAN_MIRROR, IMAGE_PREFIX (default ghcr.io/edge-gpu-relay), SOURCE_URL.
 EOF
 }
 
+# As root, in a mount namespace of its own: the /proc mounted in the root filesystem (and
+# debootstrap's) cannot outlive the build, even one killed with SIGKILL.
+if [ "$(id -u)" = 0 ] && [ -z "${EDGE_GPU_RELAY_IMAGE_BUILD_NS:-}" ]; then
+    exec unshare --mount --propagation private --fork --kill-child=SIGTERM \
+        env EDGE_GPU_RELAY_IMAGE_BUILD_NS=1 bash "$0" "$@"
+fi
+
 while [ $# -gt 0 ]; do
     case $1 in
         --out) OUT=$2; shift 2 ;;
@@ -83,9 +90,10 @@ cleanup() {
     # vfs layers of a root-owned tree: buildah's own cleanup, then what is left
     "${BUILDAH[@]}" rm --all >/dev/null 2>&1
     "${BUILDAH[@]}" rmi --all --force >/dev/null 2>&1
-    rm -rf "$WORK"
+    rm -rf "$WORK" "${base:-}.tmp"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # the EXIT trap cleans up
 
 started=$SECONDS
 arch=$(dpkg --print-architecture 2>/dev/null || uname -m)
@@ -114,6 +122,7 @@ mount -t proc proc "$ROOTFS/proc"
 # 2. The wheels: ours, built here, and the pinned dependencies for the image's Python.
 read -r pyver libc machine < <(in_root python3 -c \
     'import platform, sys; print("%d%d" % sys.version_info[:2], platform.libc_ver()[1], platform.machine())')
+[ -n "${machine:-}" ] || die "python3 does not run in the root filesystem"
 step "wheels for CPython $pyver, glibc $libc, $machine"
 mkdir -p "$WORK/wheels"
 # from a clean copy of what the wheel holds: an in-tree build would leave build/ and
