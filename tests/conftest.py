@@ -62,6 +62,12 @@ def prometheus_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tinyproxy_bin() -> Path:
+    """A real HTTP CONNECT forward proxy for the agent's [gateway] proxy tests."""
+    return required_tool("tinyproxy", "EDGE_GPU_RELAY_REQUIRE_TINYPROXY", "tinyproxy")
+
+
+@pytest.fixture(scope="session")
 def buildah_bin() -> Path:
     """buildah, with debootstrap and root, which deploy/images/build.sh needs; skips without
     them, fails instead when CI sets EDGE_GPU_RELAY_REQUIRE_BUILDAH=1."""
