@@ -212,6 +212,7 @@ commit cloud-gateway
 
 # The agent runs as root: NVML opens /dev/nvidia* and reads other users' processes, and the
 # host's /proc (proc_root) shows other users' /proc/<pid> entries only to root.
+"${BUILDAH[@]}" config --cmd '[]' "$CONTAINER" # else buildah warns that the old one stays
 "${BUILDAH[@]}" config \
     --label "org.opencontainers.image.title=edge-agent" \
     --label "org.opencontainers.image.description=edge-gpu-relay agent: NVML metrics of a GPU node, pushed over SSH to the gateway" \
