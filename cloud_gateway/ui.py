@@ -76,10 +76,13 @@ def _gpu_memory(state: HttpState, node: str) -> tuple[dict[str, float], dict[str
 
 
 def held_row(state: HttpState, view: NodeView, now: float, gateway: str | None) -> Row:
+    """An offline node's last values stay in the registry for a while (offline_grace):
+    not shown as current, and its spool grows on the agent meanwhile."""
     reg = state.registry
-    used, total = _gpu_memory(state, view.name)
-    util = per_gpu(reg.latest(view.name, UTIL))
-    spool = reg.latest(view.name, SPOOL_BATCHES)
+    live = view.state != "offline"
+    used, total = _gpu_memory(state, view.name) if live else ({}, {})
+    util = per_gpu(reg.latest(view.name, UTIL)) if live else {}
+    spool = reg.latest(view.name, SPOOL_BATCHES) if live else []
     expires, _ = state.certificates.of(view.name)
     return Row(
         name=view.name,
@@ -196,8 +199,9 @@ def node_page(state: HttpState, request: web.Request) -> web.Response:
         return html_response(message_html("Unknown node", f"No node named {name!r}."), 404)
     me = link.gateway if link is not None and link.cluster is not None else None
     row = held_row(state, view, now, me)
-    used, total = _gpu_memory(state, name)
-    util = per_gpu(state.registry.latest(name, UTIL))
+    live = view.state != "offline"
+    used, total = _gpu_memory(state, name) if live else ({}, {})
+    util = per_gpu(state.registry.latest(name, UTIL)) if live else {}
     times, recent = state.history.of(name)
     gpus = [
         GpuRow(

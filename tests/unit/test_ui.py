@@ -263,13 +263,18 @@ async def test_the_node_page_shows_gpus_processes_errors_and_charts() -> None:
     tags = parse(body).tags
     assert [a["data-gpu"] for t, a in tags if t == "tr" and "data-gpu" in a] == ["0", "1"]
     assert sum(1 for t, a in tags if t == "svg" and "spark" in (a["class"] or "")) == 4
-    assert "over 6 samples" in body and "last 6 batches" in body
+    assert "over 6 samples" in body and "last 6 batches" in body and "90 %" in body
     text = " ".join(parse(body).text)
     assert "train-7" in text and "trainer" in text and "python3" in text and "ml" in text
     assert "too many labels" in text
-    fleet.registry.disconnect("edge-a", fleet.conns["edge-a"], now=fleet.now, reason="EOF from agent")
+    fleet.registry.disconnect(
+        "edge-a", fleet.conns["edge-a"], now=fleet.now, reason="EOF from agent"
+    )
     _, _, body = await get(fleet, "/ui/nodes/edge-a")
     assert "EOF from agent" in body and "offline" in body
+    assert "90 %" not in body and "over 6 samples" in body  # no current values; the charts
+    _, _, body = await get(fleet, "/ui")
+    assert "offline" in body and "90 %" not in body and "GiB" not in body
     status, _, body = await get(fleet, "/ui/nodes/nobody")
     assert status == 404 and "Unknown node" in body
 
