@@ -261,11 +261,17 @@ def add_signer_parser(
         help=f"most seconds a certificate is valid (default {DEFAULT_LIFETIME_SECONDS})",
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="text",
+        help="text (default) or json: one JSON object per line, as log_format in the configs",
+    )
     return parser
 
 
 def run_signer(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
+    logs.setup(args.log_level, log_format=args.log_format)
     if args.lifetime < 60:
         print("cloud-gateway signer: error: --lifetime must be at least 60", file=sys.stderr)
         return 2

@@ -168,3 +168,13 @@ def test_the_guides_logs_table_is_both_configs() -> None:
     for cfg in (agent_config.AgentConfig(), gateway_config.GatewayConfig()):
         for key, shown in rows.items():
             assert json.loads(shown) == getattr(cfg, key), key
+
+
+def test_the_signer_takes_log_format_on_its_command_line() -> None:
+    from cloud_gateway.cli import _parser
+
+    base = ["signer", "--ca-dir", "ca", "--socket", "sock"]
+    assert _parser().parse_args(base).log_format == "text"
+    assert _parser().parse_args([*base, "--log-format", "json"]).log_format == "json"
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*base, "--log-format", "xml"])
