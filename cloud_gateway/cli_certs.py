@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cloud_gateway import certs
 from cloud_gateway.auth_policy import format_time
+from cloud_gateway.enrollment import WEEK
 from cloud_gateway.errors import GatewayError, InvalidInput
 from cloud_gateway.signing import make_enroll_token
 
@@ -205,6 +206,11 @@ def _enroll_token(args: argparse.Namespace) -> list[str]:
         f"  edge-agent enroll --gateway {args.gateway} --token-file {out.name} "
         f"--host-ca-fingerprint {host_ca} --node-name {args.node}",
     ]
+    if args.ttl > WEEK:
+        lines.append(
+            "note: gateways refuse tokens valid for longer than [enroll] "
+            f"token_max_ttl_seconds (default {WEEK}s, 7 days)"
+        )
     return [*lines, f"token: {text}"] if args.print_token else lines
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 from pathlib import Path
 
 import asyncssh
@@ -18,13 +19,14 @@ from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.cli import main
 from cloud_gateway.config import load
 from cloud_gateway.directory_nonces import MemoryNonces
-from cloud_gateway.enrollment import EnrollSection, Refusal, check_enroll
+from cloud_gateway.enrollment import Enrollment, EnrollSection, Refusal, check_enroll
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.gateway_metrics import AUTH_REASONS
-from cloud_gateway.revocation import RevocationList
+from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.signer import SignerServer, SocketSigner
-from cloud_gateway.signing import SigningRefused, make_enroll_token, sign_node_key
+from cloud_gateway.signing import LocalSigner, SigningRefused, make_enroll_token, sign_node_key
 from gpurelay.enrollment import parse_token, verify_token
+from tests.conftest import required_tool
 
 
 @pytest.fixture
@@ -95,6 +97,48 @@ def test_a_signed_node_key_is_logged_and_shares_the_serial_counter(ca: certs.CaP
         f"key={issued.key_fingerprint} (enroll)"
     )
     assert not (ca.dir / "nodes" / "edge-1").exists()  # nothing but the log and the counter
+
+
+def test_ssh_keygen_reads_a_signed_node_key_like_an_issued_one(
+    ca: certs.CaPaths, tmp_path: Path
+) -> None:
+    keygen = required_tool("ssh-keygen", "EDGE_GPU_RELAY_REQUIRE_SSH_KEYGEN", "openssh-client")
+    issued = sign_node_key(ca.dir, "edge-1", new_key(), lifetime_seconds=600, reason="enroll")
+    cert = tmp_path / "edge-1-cert.pub"
+    cert.write_text(issued.certificate + "\n")
+    shown = subprocess.run(
+        [str(keygen), "-L", "-f", str(cert)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "user certificate" in shown and 'Key ID: "node:edge-1"' in shown
+    assert f"Serial: {issued.serial}" in shown
+    extensions = shown.split("Extensions:")[1].split()
+    assert extensions == ["permit-port-forwarding"]
+    reference = certs.issue_node(ca.dir, "edge-2")
+    listed = subprocess.run(
+        [str(keygen), "-L", "-f", str(reference.certificate)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert listed.split("Extensions:")[1].split() == extensions
+
+
+def test_renewal_checks_the_connections_key_against_the_revocation_list(
+    ca: certs.CaPaths,
+) -> None:
+    creds = certs.issue_node(ca.dir, "edge-1")
+    cert = asyncssh.read_certificate(creds.certificate)
+    enrolling = Enrollment(
+        EnrollSection(enabled=True, user_ca_key=str(ca.user_ca)),
+        trusted_cas=[asyncssh.read_public_key(ca.user_ca_pub)],
+        revocations=RevocationWatcher(ca.revocations),
+        nonces=MemoryNonces(),
+        signer=LocalSigner(ca.user_ca, revocations=None),
+    )
+    enrolling._check_renewal("edge-1", cert)  # nothing revoked yet
+    certs.revoke(ca.dir, creds.certificate)  # its key
+    enrolling.revocations = RevocationWatcher(ca.revocations)
+    with pytest.raises(SigningRefused) as refused:
+        enrolling._check_renewal("edge-1", cert)
+    assert refused.value.reason == "node revoked" and "key SHA256:" in str(refused.value)
 
 
 def test_revoked_nodes_and_keys_get_nothing(ca: certs.CaPaths) -> None:
@@ -240,14 +284,16 @@ def test_enroll_token_writes_a_private_file_and_prints_no_secret(
         f"edge-agent enroll --gateway GATEWAY:2222 --token-file edge-1.token "
         f"--host-ca-fingerprint {host_ca} --node-name edge-1"
     ) in out
-    assert "(2h), single use" in out and str(file) in out
+    assert "(2h), single use" in out and str(file) in out and "note:" not in out
     # a second one for the same file is refused; --out and --print give another
     assert main(["certs", "enroll-token", "edge-1", "--ca-dir", str(ca.dir)]) == 2
     assert "remove it, or pass --out" in capsys.readouterr().err
     other = ca.dir / "other.token"
     args = ["certs", "enroll-token", "edge-1", "--ca-dir", str(ca.dir), "--out", str(other)]
-    assert main([*args, "--print"]) == 0
-    assert f"token: {other.read_text().strip()}" in capsys.readouterr().out
+    assert main([*args, "--print", "--ttl", "8d"]) == 0
+    out = capsys.readouterr().out
+    assert f"token: {other.read_text().strip()}" in out
+    assert "note: gateways refuse tokens valid for longer than [enroll]" in out
 
 
 @pytest.mark.parametrize("ttl", ["5x", "h", "-1h"])
