@@ -103,7 +103,8 @@ def held_row(state: HttpState, view: NodeView, now: float, gateway: str | None) 
 
 
 def fleet_rows(state: HttpState, now: float) -> list[Row]:
-    """Every node this gateway holds, then those the directory says others hold."""
+    """Every node this gateway holds, then those the directory says others hold (or, a
+    single gateway's inventory, that it held in an earlier run: no owner shown)."""
     link = state.directory
     me = link.gateway if link is not None and link.cluster is not None else None
     rows = [held_row(state, v, now, me) for v in state.registry.nodes(now)]
@@ -113,7 +114,7 @@ def fleet_rows(state: HttpState, now: float) -> list[Row]:
             Row(
                 name=entry.node,
                 state=doc["state"],
-                gateway=doc["gateway"] or None,
+                gateway=(doc["gateway"] or None) if me is not None else None,
                 gpu_count=doc["gpu_count"],
                 gpu_models=tuple(doc["gpu_models"]),
                 util=(),
@@ -195,6 +196,8 @@ def node_page(state: HttpState, request: web.Request) -> web.Response:
         for entry, owner in link.elsewhere() if link is not None else ():
             if entry.node == name:
                 doc = entry_document(entry, owner, now)
+                if link is not None and link.cluster is None:
+                    doc["gateway"] = ""  # a single gateway's inventory: its own
                 return html_response(node_html(NodePage.elsewhere(doc, entry.facts.gpus, now)))
         return html_response(message_html("Unknown node", f"No node named {name!r}."), 404)
     me = link.gateway if link is not None and link.cluster is not None else None

@@ -14,7 +14,7 @@ import hashlib
 import html
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote, urlencode
@@ -347,7 +347,9 @@ class NodePage:
     samples: int
 
     @classmethod
-    def elsewhere(cls, doc: dict[str, Any], gpus: Sequence[GpuInventory], now: float) -> NodePage:
+    def elsewhere(
+        cls, doc: Mapping[str, Any], gpus: Sequence[GpuInventory], now: float
+    ) -> NodePage:
         """A node another gateway holds: what the directory says, no live values."""
         row = Row(
             name=doc["name"],
@@ -496,10 +498,15 @@ def _errors(p: NodePage) -> str:
 def node_html(p: NodePage) -> str:
     r = p.row
     where = ""
-    if not r.held:
+    if not r.held and r.gateway:
         where = (
-            f'<p class="warn">Held by gateway {esc(r.gateway or "—")}: live values, processes '
+            f'<p class="warn">Held by gateway {esc(r.gateway)}: live values, processes '
             "and charts are on that gateway's page.</p>"
+        )
+    elif not r.held:
+        where = (
+            '<p class="warn">Known from this gateway\'s inventory of an earlier run: no '
+            "live values until it connects again.</p>"
         )
     recent = f"last {p.samples} batches" if p.samples else "no batches yet"
     return page(

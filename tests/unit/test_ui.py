@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
+from cloud_gateway.directory import NodeEntry, NodeFacts
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.http_api import HttpState, make_app
@@ -343,3 +344,54 @@ def test_a_gpu_that_appears_later_has_nan_before_and_the_chart_breaks_there() ->
     assert math.isnan(gpus["1"][0][0]) and gpus["1"][0][1:] == [50.0, 50.0]
     assert sparkline([1.0], 100, "x") == sparkline([math.nan, 1.0], 100, "x")  # too few: a dash
     assert sparkline([1.0, math.nan, 2.0, 3.0], 100, "x").count("<polyline") == 2
+
+
+class _Link:
+    """What the page reads of a DirectoryLink: its id, whether it is in a cluster, and the
+    nodes the directory says are elsewhere."""
+
+    def __init__(self, cluster: bool, entries: list[tuple[NodeEntry, object]]) -> None:
+        self.gateway = "gw-1"
+        self.cluster = object() if cluster else None
+        self.entries = entries
+
+    def elsewhere(self) -> list[tuple[NodeEntry, object]]:
+        return self.entries
+
+
+def _entry(node: str, gateway: str, *, connected: bool) -> NodeEntry:
+    facts = NodeFacts(
+        agent_version="0.7.0", gpus=(gpu(0, "NVIDIA L4"),), cert_valid_before=int(T0) + 86400
+    )
+    return NodeEntry(node=node, gateway=gateway, epoch=3, first_seen=T0 - 100,
+                     last_seen=T0 - 5, facts=facts, connected=connected,
+                     last_disconnect_reason="gateway gw-2 stopped",
+                     published=(f"{node}:9400",))  # fmt: skip
+
+
+async def test_in_a_cluster_the_page_names_each_nodes_gateway() -> None:
+    fleet = Fleet()
+    fleet.add("edge-here")
+    fleet.state.directory = _Link(True, [(_entry("edge-there", "gw-2", connected=True), object())])  # type: ignore[assignment]
+    _, _, body = await get(fleet, "/ui")
+    tags = parse(body)
+    assert any(a.get("data-col") == "gateway" for t, a in tags.tags if t == "a")
+    rows = re.findall(r'<tr data-node="([^"]+)".*?</tr>', body)
+    assert rows == ["edge-here", "edge-there"]
+    there = re.search(r'<tr data-node="edge-there".*?</tr>', body)
+    assert there is not None and "gw-2" in there[0] and "NVIDIA L4" in there[0]
+    assert "edge-there:9400" in there[0] and "(in 1 d)" in there[0]
+    assert "warn" in there[0]  # a certificate expiring within 14 days
+    assert "gw-1" in re.search(r'<tr data-node="edge-here".*?</tr>', body)[0]  # type: ignore[index]
+    _, _, body = await get(fleet, "/ui/nodes/edge-there")
+    assert "Held by gateway gw-2" in body and "NVIDIA L4" in body
+
+
+async def test_a_single_gateways_inventory_shows_no_gateway_column() -> None:
+    fleet = Fleet()
+    fleet.add("edge-here")
+    fleet.state.directory = _Link(False, [(_entry("edge-before", "gw-1", connected=False), None)])  # type: ignore[assignment]
+    _, _, body = await get(fleet, "/ui")
+    assert 'data-col="gateway"' not in body and 'data-node="edge-before"' in body
+    _, _, body = await get(fleet, "/ui/nodes/edge-before")
+    assert "inventory of an earlier run" in body and "gateway gw-2 stopped" in body
