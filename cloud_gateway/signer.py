@@ -12,7 +12,9 @@ The signer checks the node name, the key and the CA directory's revocation list 
 (a compromised gateway cannot get a certificate for a revoked node), grants at most its own
 ``--lifetime``, logs every issuance and appends it to ``CA_DIR/issued.log``; serial
 numbers come from the CA directory's counter, whoever signs. The socket is made mode 0600:
-only its owner (the gateway's user, or root) can connect.
+only its owner can connect; with ``--group G`` it is 0660 and group G, so the signer can
+run as a user of its own (the only one that can read the CA key) and the gateway's user,
+a member of G, can still ask it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import grp
 import json
 import logging
 import os
@@ -53,8 +56,16 @@ class SignerUnavailable(GatewayError):
 class SignerServer:
     """Holds the user CA key of ``ca_dir`` and signs for whoever can open ``socket_path``."""
 
-    def __init__(self, ca_dir: Path, socket_path: Path, *, max_lifetime_seconds: int) -> None:
+    def __init__(
+        self,
+        ca_dir: Path,
+        socket_path: Path,
+        *,
+        max_lifetime_seconds: int,
+        group: str | None = None,
+    ) -> None:
         self.paths = certs.CaPaths(ca_dir)
+        self.gid = _group_id(group) if group else None
         self.socket_path = socket_path
         self.max_lifetime = max_lifetime_seconds
         self.ca_key = certs._load_ca(self.paths.user_ca)
@@ -71,11 +82,14 @@ class SignerServer:
             )
         finally:
             os.umask(old_umask)
-        os.chmod(self.socket_path, 0o600)
+        if self.gid is not None:
+            os.chown(self.socket_path, -1, self.gid)
+        os.chmod(self.socket_path, 0o600 if self.gid is None else 0o660)
         log.info(
-            "signer for %s listening on %s (mode 0600), certificates for at most %ds",
+            "signer for %s listening on %s (mode %s), certificates for at most %ds",
             self.paths.dir,
             self.socket_path,
+            "0600" if self.gid is None else f"0660, group {self.gid}",
             self.max_lifetime,
         )
 
@@ -154,6 +168,13 @@ def _request(line: bytes) -> dict[str, Any]:
 async def _reply(writer: asyncio.StreamWriter, message: dict[str, str]) -> None:
     writer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
     await writer.drain()
+
+
+def _group_id(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise GatewayError(f"no group {name!r} (--group)") from None
 
 
 def _remove_stale_socket(path: Path) -> None:
@@ -260,6 +281,9 @@ def add_signer_parser(
         default=DEFAULT_LIFETIME_SECONDS,
         help=f"most seconds a certificate is valid (default {DEFAULT_LIFETIME_SECONDS})",
     )
+    parser.add_argument(
+        "--group", help="make the socket 0660 and this group's (the gateway's user's group)"
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     parser.add_argument(
         "--log-format",
@@ -276,15 +300,17 @@ def run_signer(args: argparse.Namespace) -> int:
         print("cloud-gateway signer: error: --lifetime must be at least 60", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve_until_stopped(args.ca_dir, args.socket, args.lifetime))
+        asyncio.run(_serve_until_stopped(args.ca_dir, args.socket, args.lifetime, args.group))
     except GatewayError as exc:
         print(f"cloud-gateway signer: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve_until_stopped(ca_dir: Path, socket_path: Path, lifetime: int) -> None:
-    server = SignerServer(ca_dir, socket_path, max_lifetime_seconds=lifetime)
+async def _serve_until_stopped(
+    ca_dir: Path, socket_path: Path, lifetime: int, group: str | None
+) -> None:
+    server = SignerServer(ca_dir, socket_path, max_lifetime_seconds=lifetime, group=group)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

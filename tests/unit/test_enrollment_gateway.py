@@ -4,6 +4,7 @@ signer's request handling, and `certs enroll-token`."""
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from cloud_gateway.cli import main
 from cloud_gateway.config import load
 from cloud_gateway.directory_nonces import MemoryNonces
 from cloud_gateway.enrollment import Enrollment, EnrollSection, Refusal, check_enroll
-from cloud_gateway.errors import GatewayConfigError
+from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.gateway_metrics import AUTH_REASONS
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.signer import SignerServer, SocketSigner
@@ -236,6 +237,22 @@ async def test_the_signer_over_its_socket_caps_the_lifetime(
     finally:
         await server.close()
     assert not path.exists()
+
+
+async def test_the_signer_socket_can_be_shared_with_a_group(
+    ca: certs.CaPaths, tmp_path: Path
+) -> None:
+    path = tmp_path / "s.sock"
+    group = grp.getgrgid(os.getgid()).gr_name  # one this process may hand the socket to
+    server = SignerServer(ca.dir, path, max_lifetime_seconds=600, group=group)
+    await server.start()
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+        assert os.stat(path).st_gid == os.getgid()
+    finally:
+        await server.close()
+    with pytest.raises(GatewayError, match="no group 'no-such-group-here'"):
+        SignerServer(ca.dir, path, max_lifetime_seconds=600, group="no-such-group-here")
 
 
 def test_a_second_signer_on_a_live_socket_is_refused(ca: certs.CaPaths, tmp_path: Path) -> None:
