@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,9 @@ from edge_agent.credentials import (
     openssh_certificate,
     write_atomic,
 )
+from edge_agent.dial import PathSilent
 from edge_agent.errors import AgentError, ConfigError
+from edge_agent.proxy_connect import ProxyError, proxy_route
 from gpurelay.enrollment import (
     ENROLL_SUBSYSTEM,
     EXIT_OK,
@@ -257,6 +261,19 @@ async def enroll(
     )
 
 
+async def _through_proxy(
+    cfg: TunnelConfig, host: str, port: int, timeout: float
+) -> socket.socket | None:
+    """A socket through ``[gateway] proxy``'s CONNECT tunnel, as the tunnel dials; None
+    where no proxy applies to this gateway (asyncssh connects itself)."""
+    route = proxy_route(cfg.proxy, os.environ)
+    if route.proxy_for(host, port) is None:
+        return None
+    return await route.open(
+        host, port, dial_timeout=cfg.dial_timeout_seconds, answer_timeout=timeout
+    )
+
+
 async def _request(
     host: str,
     port: int,
@@ -278,9 +295,11 @@ async def _request(
     where = f"{host}:{port}"
     try:
         async with asyncio.timeout(timeout):
+            sock = await _through_proxy(cfg, host, port, timeout)
             async with asyncssh.connect(
                 host,
                 port,
+                sock=sock,
                 client_factory=lambda: pinned,
                 username=enroll_username(node),
                 password=token,
@@ -312,6 +331,8 @@ async def _request(
         ) from exc
     except TimeoutError:
         raise EnrollRefused(f"no answer from the gateway {where} within {timeout:g}s") from None
+    except (ProxyError, PathSilent) as exc:
+        raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc
     except (OSError, asyncssh.Error) as exc:
         raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc
     if result.exit_status != EXIT_OK:

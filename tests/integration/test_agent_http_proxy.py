@@ -4,8 +4,9 @@ tinyproxy runs in the foreground on a free loopback port with a config written h
 (``Allow 127.0.0.1``, CONNECT only to the gateway's SSH port, basic auth): a real agent
 with ``[gateway] proxy`` connects through it to a real gateway, its data arrives and the
 proxy's log has the CONNECT; with the proxy's port wrong, the agent logs a clear error and
-keeps retrying; with NO_PROXY naming the gateway, it connects directly (the proxy, still
-configured, sees nothing).
+keeps retrying (a wrong password too); with NO_PROXY naming the gateway, it connects
+directly (the proxy, still configured, sees nothing); ``edge-agent enroll`` goes through
+the proxy as well.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from cloud_gateway.enrollment import EnrollSection
+from cloud_gateway.signing import make_enroll_token
+from edge_agent.config import TunnelConfig
+from edge_agent.enroll import enroll
 from harness.fleet import (
     Pki,
     agent_config,
@@ -177,3 +182,34 @@ async def test_a_wrong_proxy_password_is_named_as_such(
     refused = [r.getMessage() for r in caplog.records if "refused CONNECT" in r.getMessage()]
     assert refused and "refused the user and password in gateway.proxy" in refused[0]
     assert "not-it" not in caplog.text
+
+
+async def test_enrollment_goes_through_the_proxy_too(
+    pki: Pki, proxy_factory: type[TinyProxy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``edge-agent enroll`` on a box that reaches the gateway only through the proxy."""
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    cfg = gateway_config(pki)
+    enrolling = EnrollSection(enabled=True, lifetime_seconds=3600, user_ca_key=pki.ca.user_ca)
+    async with running_gateway(dataclasses.replace(cfg, enroll=enrolling)) as gw:
+        proxy = proxy_factory(gw.ssh_port)
+        token, _ = make_enroll_token(pki.ca.dir, "edge-enrolled", ttl_seconds=3600)
+        token_file = tmp_path / "enroll.token"
+        token_file.write_text(token)
+        tunnel = TunnelConfig(
+            known_hosts=pki.ca.known_hosts,
+            key=tmp_path / "enrolled" / "node.key",
+            proxy=f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}",
+        )
+        (tmp_path / "enrolled").mkdir()
+        done = await enroll(
+            tunnel,
+            node="edge-enrolled",
+            gateway=("127.0.0.1", gw.ssh_port),
+            token_file=token_file,
+            fingerprint=None,
+        )
+    assert done.certificate.exists() and done.new_key
+    (connect,) = proxy.connects()
+    assert f"CONNECT 127.0.0.1:{gw.ssh_port} HTTP/1.1" in connect
