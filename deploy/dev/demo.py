@@ -140,6 +140,7 @@ gateway /metrics (all nodes):  curl -s http://127.0.0.1:{HTTP_PORT}/metrics | gr
 BIE map of all nodes:          curl -s http://127.0.0.1:{HTTP_PORT}/v1/collect
 operator API:                  curl -s -H "Authorization: Bearer $(cat {token})" http://127.0.0.1:{HTTP_PORT}/api/v1/nodes
 nodes table:                   .venv/bin/cloud-gateway nodes --gateway http://127.0.0.1:{HTTP_PORT} --token-file {token}
+operator page (browser):       http://127.0.0.1:{HTTP_PORT}/ui  (any user name, the token in {token} as password)
 the agent itself:              curl -s http://127.0.0.1:{AGENT_PORT}/metrics | head
 dev certificates and configs:  {DEV}  (git-ignored)
 Ctrl-C stops both.
