@@ -41,6 +41,7 @@ from gpurelay.model import Family, SampleSink
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 300.0  # a failed renewal is tried again at most this often
+REPEAT_SECONDS = 3600.0  # the same failure is logged as a warning at most this often
 CHECK_SECONDS = 60.0  # how often a session looks at the clock, at most
 TIMEOUT_SECONDS = 30.0  # for the gateway's answer
 
@@ -97,6 +98,7 @@ class Renewer:
         self._validity: CertValidity | None = None
         self._start = 0.0  # where its lifetime counts from (see loaded)
         self._not_before = 0.0  # no attempt before this (after a failure)
+        self._last_reason, self._last_warned = "", 0.0
         self.stats = RenewStats()
         self.log = logging.LoggerAdapter(log, {"node": node})
 
@@ -152,9 +154,16 @@ class Renewer:
             if not isinstance(exc, RenewalFailed):
                 self.log.exception("node %s: certificate renewal failed unexpectedly", self._node)
             self.stats.failures += 1
-            self._not_before = self._clock() + RETRY_SECONDS
+            now = self._clock()
+            self._not_before = now + RETRY_SECONDS
             expires = expiry_text(self._validity.valid_before) if self._validity else "unknown"
-            self.log.warning(
+            # The same reason again (a read-only directory, a gateway with enrollment off)
+            # is a warning once an hour, not every 5 minutes for the rest of the lifetime.
+            repeat = str(exc) == self._last_reason and now < self._last_warned + REPEAT_SECONDS
+            if not repeat:
+                self._last_reason, self._last_warned = str(exc), now
+            self.log.log(
+                logging.DEBUG if repeat else logging.WARNING,
                 "node %s: certificate renewal failed: %s; the current certificate (valid until "
                 "%s) stays in use, next try in %.0f s",
                 self._node,

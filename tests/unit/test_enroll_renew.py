@@ -6,6 +6,7 @@ tests/integration/test_enroll_renew_e2e.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import time
@@ -249,6 +250,15 @@ async def test_a_failed_renewal_is_counted_logged_and_retried_after_five_minutes
     assert "node revoked" in caplog.text and NODE in caplog.text
     assert not renewer.due(now[0] + RETRY_SECONDS - 1)
     assert renewer.due(now[0] + RETRY_SECONDS)
+    # The same refusal 5 minutes later is counted, but not warned about again within the hour.
+    caplog.clear()
+    now[0] += RETRY_SECONDS
+    assert not await renewer.renew(conn)  # type: ignore[arg-type]
+    assert renewer.stats.failures == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    now[0] += 3600
+    assert not await renewer.renew(conn)  # type: ignore[arg-type]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert cfg.certificate_path is not None
     assert cfg.certificate_path.read_bytes() == cert.export_certificate()  # untouched
 
