@@ -64,6 +64,9 @@ log = logging.getLogger("cloud_gateway.enrollment")
 
 SUBSYSTEMS = (ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM)
 KEY_TIMEOUT_SECONDS = 30.0  # to send the public key once the subsystem is open
+# A node renews at most this often on one gateway: each certificate is an issued.log line,
+# and a compromised node must not fill the CA's disk (an agent renews once a lifetime).
+RENEW_INTERVAL_SECONDS = 10.0
 WEEK = 7 * 86400
 
 
@@ -144,6 +147,8 @@ class Enrollment:
         self.signer = signer
         self.clock = clock
         self.issued = {"enroll": 0, "renew": 0}
+        self.renew_interval = RENEW_INTERVAL_SECONDS
+        self._renewed: dict[str, float] = {}  # node -> time.monotonic() of its last renewal
 
     def _revoked(self) -> RevocationList:
         return self.revocations.current() if self.revocations else RevocationList()
@@ -224,6 +229,7 @@ class Enrollment:
                 raise SigningRefused("not authenticated by certificate")
             else:
                 self._check_renewal(node, certificate)
+                self._renew_budget(node)
             issued = await self.signer.sign(
                 node, public_key, reason=kind, lifetime_seconds=self.section.lifetime_seconds
             )
@@ -240,6 +246,8 @@ class Enrollment:
             _finish(process, error_line("the gateway cannot sign now"), EXIT_REFUSED)
             return
         self.issued[kind] += 1
+        if kind == "renew":
+            self._renewed[node] = time.monotonic()
         node_log(node).info("%s", issued.describe(kind))
         _finish(process, issued.certificate + "\n", EXIT_OK, stdout=True)
 
@@ -256,6 +264,14 @@ class Enrollment:
             raise GatewayError(f"the token's use cannot be recorded: {exc}") from exc
         if not fresh:
             raise SigningRefused(REASON_USED, "the token was used meanwhile")
+
+    def _renew_budget(self, node: str) -> None:
+        last = self._renewed.get(node)
+        if last is not None and time.monotonic() - last < self.renew_interval:
+            raise SigningRefused(
+                "renewed too recently",
+                f"at most one renewal per {self.renew_interval:g}s per node on this gateway",
+            )
 
     def _check_renewal(self, node: str, certificate: object) -> None:
         key = getattr(certificate, "key", None)

@@ -286,8 +286,15 @@ async def test_renewal_is_for_the_connections_own_node(
     other = asyncssh.read_public_key(str(pki.node("edge-2").public_key))
     with caplog.at_level(logging.INFO):
         async with running_gateway(enrolling(pki)) as gw:
+            assert gw.ssh is not None and gw.ssh.policy.enrollment is not None
+            budget = gw.ssh.policy.enrollment.renew_interval
             async with connected(pki, gw, "edge-1", client_keys=[(key, cert)]) as conn:
                 own = await run_subsystem(conn, RENEW_SUBSYSTEM, key.export_public_key().decode())
+                # one renewal per RENEW_INTERVAL_SECONDS per node: a node cannot flood issued.log
+                again = await run_subsystem(conn, RENEW_SUBSYSTEM, key.export_public_key().decode())
+                assert (again.status, again.stderr) == (1, "error: renewed too recently\n")
+                assert budget >= 10
+                gw.ssh.policy.enrollment.renew_interval = 0
                 theirs = await run_subsystem(
                     conn, RENEW_SUBSYSTEM, other.export_public_key().decode()
                 )
