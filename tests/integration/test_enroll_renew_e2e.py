@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import asyncssh
+import pytest
 
 from edge_agent.credentials import cert_validity
 from gpurelay.enrollment import sign_token
@@ -269,3 +270,45 @@ async def test_renewal_with_a_new_key_swaps_key_and_certificate(tmp_path: Path) 
             assert v.serial != 900 and v.valid_before >= now + 600 - 5
             assert renewer.stats.expiry == v.valid_before
             assert tunnel.stats.connected and tunnel.stats.connects >= 2
+
+
+async def test_a_refused_renewal_keeps_the_session_and_the_certificate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway with enrollment off refuses the renewal: the agent counts it, keeps its
+    session and its certificate file as it was, and does not ask again for 5 minutes."""
+    pki = make_pki(tmp_path)
+    user_ca = asyncssh.read_private_key(str(pki.ca.user_ca))
+    key_pair = asyncssh.generate_private_key("ssh-ed25519")
+    now = int(time.time())
+    edge = tmp_path / "edge"
+    edge.mkdir()
+    key, cert = edge / "node.key", edge / "node.key-cert.pub"
+    key.write_bytes(key_pair.export_private_key())
+    key.chmod(0o600)
+    cert.write_bytes(
+        user_ca.generate_user_certificate(
+            key_pair, f"node:{NODE}", principals=[NODE], serial=901,
+            valid_after=now - 100, valid_before=now + 50,
+        ).export_certificate()
+    )  # fmt: skip
+    os.utime(cert, (now - 100, now - 100))
+    before = cert.read_bytes()
+    async with running_gateway(gateway_config(pki)) as gateway:  # [enroll] off
+        cfg = agent_config(pki, NODE, gateway)
+        cfg = dataclasses.replace(
+            cfg, gateway=dataclasses.replace(cfg.gateway, key=key, certificate=cert)
+        )
+        async with running_agent(cfg) as agent:
+            tunnel = agent.tunnel
+            assert tunnel is not None and tunnel.renewer is not None
+            for _ in range(300):
+                if tunnel.renewer.stats.failures:
+                    break
+                await asyncio.sleep(0.1)
+            assert tunnel.renewer.stats.failures == 1
+            await asyncio.sleep(1.0)  # several collections and renewal checks later
+            assert tunnel.renewer.stats.failures == 1 and tunnel.renewer.stats.renewals == 0
+            assert tunnel.stats.connected and tunnel.stats.connects == 1
+            assert cert.read_bytes() == before
+    assert "certificate renewal failed" in caplog.text and "enrollment disabled" in caplog.text
