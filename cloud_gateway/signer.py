@@ -304,6 +304,9 @@ def run_signer(args: argparse.Namespace) -> int:
     except GatewayError as exc:
         print(f"cloud-gateway signer: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the socket's directory is missing or not ours
+        print(f"cloud-gateway signer: error: {args.socket}: {exc.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 

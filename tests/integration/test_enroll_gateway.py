@@ -435,3 +435,26 @@ async def test_the_signer_process_holds_the_key_the_gateway_never_reads_it(
     assert not socket.exists()  # removed when it stopped
     assert token.split(".")[1] not in text
     assert_secret_kept(caplog, token)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--ca-dir", "{tmp}/nowhere", "--socket", "{tmp}/s.sock"], "no CA key at"),
+        (["--ca-dir", "{ca}", "--socket", "{tmp}/no-dir/s.sock"], "No such file or directory"),
+        (["--ca-dir", "{ca}", "--socket", "{ca}/user_ca"], "is not a socket; refusing"),
+        (["--ca-dir", "{ca}", "--socket", "{tmp}/s.sock", "--lifetime", "5"], "at least 60"),
+    ],
+)
+def test_the_signer_command_fails_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    pki = make_pki(tmp_path)
+    argv = [a.format(tmp=tmp_path, ca=pki.ca.dir) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "cloud_gateway", "signer", *argv],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode in (1, 2), done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cloud-gateway signer: error: "), lines
+    assert says in lines[0], lines
+    assert pki.ca.user_ca.exists()
