@@ -118,11 +118,11 @@ def open_backend(cfg: AgentConfig) -> Backend:
 
         cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
     mig = ", MIG on GPU 0" if sim_cfg.mig else ""
-    print(
-        SIMULATION_BANNER.format(n=sim_cfg.gpus, seed=sim_cfg.seed, mig=mig),
-        file=sys.stderr,
-        flush=True,
-    )
+    banner = SIMULATION_BANNER.format(n=sim_cfg.gpus, seed=sim_cfg.seed, mig=mig)
+    if cfg.log_format == "json":  # every line of stderr is then a JSON object
+        log.warning("%s", banner)
+    else:
+        print(banner, file=sys.stderr, flush=True)
     if scratch is not None:
         log.info("simulated processes live in a fake host tree at %s", scratch.name)
     return Backend(sim, "simulated", cfg, scratch, [stop_kubelet] if stop_kubelet else [])
