@@ -99,10 +99,10 @@ def every_log_line(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 def assert_secret_kept(caplog: pytest.LogCaptureFixture, *tokens: str) -> None:
     for token in tokens:
-        payload, signature = token.removeprefix("gpr1.").split(".")
+        secrets = [part for part in token.removeprefix("gpr1.").split(".") if len(part) > 8]
         for record in caplog.records:
             text = record.getMessage()
-            assert payload not in text and signature not in text, text
+            assert token not in text and not any(part in text for part in secrets), text
 
 
 def issued_log(pki: Pki) -> list[dict[str, object]]:
@@ -202,7 +202,7 @@ async def test_a_bad_token_is_refused_with_its_reason(
     assert not pki.ca.issued_log.exists() or all(
         line["principals"] != ["edge-1"] or line["reason"] != "enroll" for line in issued_log(pki)
     )
-    assert_secret_kept(caplog, token) if token.count(".") == 2 else None
+    assert_secret_kept(caplog, token)
 
 
 async def test_enrollment_disabled_accepts_no_password(
