@@ -31,6 +31,7 @@ from cloud_gateway.conflicts import ConflictPolicy, Policy
 from cloud_gateway.directory import DirectoryError
 from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable, parse_sibling_rules
+from cloud_gateway.enrollment import build_enrollment
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.gateway_metrics import gateway_families
@@ -215,6 +216,9 @@ class Gateway:
             raise GatewayError(f"cluster: {exc}") from exc
         if self.link.directory is not None or self.link.cluster is not None:
             self.ssh.admission = self.link
+        self.ssh.policy.enrollment = build_enrollment(  # [enroll]: None when off
+            cfg.enroll, trusted_cas=trusted, revocations=revocations, link=self.link
+        )
         ssh_host, ssh_port = split_host_port(cfg.ssh.listen, "ssh.listen")
         self.ssh_port = await self.ssh.start(ssh_host, ssh_port)
         http_host, http_port = split_host_port(cfg.http.listen, "http.listen")
@@ -319,6 +323,7 @@ class Gateway:
                 forwarding=self.ingest.forward_stats,
                 cluster=self.link.cluster,
                 certificates=self.certificates.family(self.registry.config.node_label),
+                issued=self.ssh.policy.enrollment.issued if self.ssh.policy.enrollment else None,
             ),
             histograms=self.self_metrics,
         )

@@ -38,6 +38,12 @@ def _family(name: str, kind: MetricType, help_text: str) -> Family:
 INFO = _family("gpurelay_gateway_info", "gauge", "Gateway build.")
 NODES = _family("gpurelay_gateway_nodes", "gauge", "Nodes known to the gateway, by state.")
 AUTH = _family("gpurelay_gateway_auth_failures_total", "counter", "Refused SSH logins, by reason.")
+ISSUED = _family(
+    "gpurelay_gateway_certificates_issued_total",
+    "counter",
+    "Node certificates issued through this gateway over SSH ([enroll] on), by reason: "
+    "enroll, renew.",
+)
 PROTOCOL = _family(
     "gpurelay_gateway_protocol_errors_total",
     "counter",
@@ -278,6 +284,7 @@ def gateway_families(
     cluster: Cluster | None = None,
     certificates: FamilySamples | None = None,
     proxy_refused: Mapping[str, int] | None = None,
+    issued: Mapping[str, int] | None = None,
 ) -> list[FamilySamples]:
     """``certificates``: the nodes' certificate expiry (:mod:`cloud_gateway.cert_expiry`)."""
     by_state = {s: 0 for s in ("online", "stale", "offline")}
@@ -318,6 +325,8 @@ def gateway_families(
     ]
     if proxy_refused is not None:  # ssh.proxy_protocol on
         families.append(_fixed(PROXY_REFUSED, "reason", proxy_refused, REFUSALS, zeros=True))
+    if issued is not None:  # [enroll] on
+        families.append(_fixed(ISSUED, "reason", issued, ("enroll", "renew"), zeros=True))
     if remote_write is not None:
         families += _remote_write(remote_write, forwarding or ForwardStats())
     if cluster is not None:

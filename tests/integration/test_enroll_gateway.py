@@ -225,6 +225,7 @@ async def test_enrollment_disabled_accepts_no_password(
                 outcome = await run_subsystem(
                     conn, RENEW_SUBSYSTEM, key.export_public_key().decode()
                 )
+            assert "gpurelay_gateway_certificates_issued_total" not in await metrics_text(gw)
     assert (outcome.status, outcome.stderr) == (1, "error: enrollment disabled\n")
     assert "enrollment is disabled ([enroll] enabled = false)" in caplog.text
     assert_secret_kept(caplog, token)
@@ -240,10 +241,15 @@ async def test_a_token_is_used_once(tmp_path: Path, caplog: pytest.LogCaptureFix
             with pytest.raises(asyncssh.PermissionDenied):
                 await enroll(pki, gw, "edge-1", token, key)
             await wait_for(lambda: auth_failures(gw, "enroll_used") == 1, what="counted")
-            series = 'gpurelay_gateway_auth_failures_total{reason="enroll_used"} 1'
+            series = (
+                'gpurelay_gateway_auth_failures_total{reason="enroll_used"} 1',
+                'gpurelay_gateway_certificates_issued_total{reason="enroll"} 1',
+                'gpurelay_gateway_certificates_issued_total{reason="renew"} 0',
+            )
 
             async def exported() -> bool:
-                return series in await metrics_text(gw)
+                text = await metrics_text(gw)
+                return all(line in text for line in series)
 
             await wait_for(exported, what="the refusal in /metrics")
     assert "'edge-1': the token was used already" in caplog.text
