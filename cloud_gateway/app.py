@@ -45,7 +45,8 @@ from cloud_gateway.registry import FB_FAMILIES, NodeState, Registry, RegistryCon
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.self_metrics import SelfMetrics
-from cloud_gateway.ssh_server import CertificatePolicy, SshServer, node_log
+from cloud_gateway.ssh_auth import CertificatePolicy, node_log
+from cloud_gateway.ssh_server import SshServer
 from cloud_gateway.ui_history import UI_FAMILIES
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port

@@ -337,7 +337,7 @@ class _Refuser(Protocol):
 
 class EnrollmentLogin:
     """The password half of the SSH server's per-connection callbacks (a mixin of
-    ``ssh_server._ConnectionAuth``): password logins exist only for ``enroll:NODE`` and
+    ``ssh_auth.ConnectionAuth``): password logins exist only for ``enroll:NODE`` and
     only while enrollment is on; node users stay certificate-only."""
 
     _policy: _Refuser

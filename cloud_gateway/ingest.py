@@ -37,7 +37,7 @@ from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collec
 from cloud_gateway.registry import Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.self_metrics import SelfMetrics
-from cloud_gateway.ssh_server import node_log
+from cloud_gateway.ssh_auth import node_log
 from gpurelay.model import Labels
 from gpurelay.record import Record, RecordDecoder
 from gpurelay.wire import Ack, Batch, Declare, Frame, Heartbeat, Hello, Limits, Replay, WireError
