@@ -42,13 +42,13 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
 from cloud_gateway.exposition_lines import TEXT_LINES  # noqa: F401 (its users import it here)
 from cloud_gateway.exposition_pieces import Piece, pack, pack_parallel, versions_of
 from cloud_gateway.exposition_shards import ShardCache
-from gpurelay.bie import node_summary
+from gpurelay.bie import BieNode, node_summary
 from gpurelay.exposition import (
     format_labels,
     format_value,
@@ -453,7 +453,7 @@ def _node_lines(live: Liveness, node_label: str) -> tuple[bytes, bytes, bytes, b
     return up, state, seen.encode(), late.encode()
 
 
-def bie_document(registry: Registry, now: float) -> dict[str, Any]:
+def bie_document(registry: Registry, now: float) -> dict[str, BieNode]:
     """``{node: summary}`` for every *online* node, as the agent's ``/v1/collect``.
 
     Devices are the GPUs of the node's hello (physical GPUs; MIG instances are not

@@ -70,10 +70,11 @@ class ShardCache:
         generation = expo.fleet_generation()
         part = self._fleet.get(key)
         if part is None or part[0] != generation:
-            _, shards, openmetrics = key
-            for k, plain in enumerate(self._fleet_parts(expo, shards, openmetrics)):
+            shard, shards, openmetrics = key
+            parts = self._fleet_parts(expo, shards, openmetrics)
+            for k, plain in enumerate(parts):  # storing them may clear the cache, so
                 _store(self._fleet, (k, shards, openmetrics), (generation, plain, None))
-            part = self._fleet[key]
+            part = (generation, parts[shard], None)  # not read back from it
         tail = self._tails.get(key)
         if tail is None or tail[0] != expo.generation:
             tail = _store(self._tails, key, (expo.generation, self._tail(expo, *key), None))

@@ -5,15 +5,16 @@ and of the gateways themselves (``/api/v1/gateways``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cloud_gateway.api_models import Gateway, NodeSummary, TargetGroup
 from cloud_gateway.directory import NodeEntry
 
 if TYPE_CHECKING:
     from cloud_gateway.directory_pg import Member
 
 
-def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> dict[str, Any]:
+def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> NodeSummary:
     """The same keys as a held node's document (cloud_gateway.http_api.node_document);
     what only the owner knows (series, counters) is null. ``state``: online when its
     owner is a live gateway that holds its connection, else offline."""
@@ -49,7 +50,7 @@ def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> dict[s
     }
 
 
-def gateway_document(member: Member, ttl: float, me: str) -> dict[str, Any]:
+def gateway_document(member: Member, ttl: float, me: str) -> Gateway:
     return {
         "id": member.id,
         "advertise": member.advertise,
@@ -63,12 +64,12 @@ def gateway_document(member: Member, ttl: float, me: str) -> dict[str, Any]:
 
 def metrics_targets(
     gateways: list[tuple[str, str]], shards: int, *, scheme: str = "http"
-) -> list[dict[str, Any]]:
+) -> list[TargetGroup]:
     """Prometheus http_sd for the gateways' own ``/metrics``: per gateway (id, host:port),
     one target group per shard, its ``shard``/``shards`` as URL parameters
     (``__param_*``) and a ``shard`` label (else the N targets' ``up`` and scrape series
     would be one series); with one shard, the whole body (no parameters: its fast path)."""
-    groups = []
+    groups: list[TargetGroup] = []
     for gateway, address in gateways:
         for k in range(shards):
             labels = {"__metrics_path__": "/metrics", "__scheme__": scheme, "gateway": gateway}
@@ -80,10 +81,10 @@ def metrics_targets(
 
 def sd_groups_elsewhere(
     elsewhere: Iterable[tuple[NodeEntry, Member | None]],
-) -> list[dict[str, Any]]:
+) -> list[TargetGroup]:
     """http_sd target groups of the endpoints that nodes on other live gateways publish,
     as their owners wrote them to the directory (the same labels as a held node's)."""
-    groups: list[dict[str, Any]] = []
+    groups: list[TargetGroup] = []
     for entry, owner in elsewhere:
         if owner is None or not entry.connected:
             continue  # offline, or its gateway is gone: not a target anywhere

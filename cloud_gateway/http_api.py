@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -27,6 +27,16 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from cloud_gateway import ui
+from cloud_gateway.api_models import (
+    ErrorBody,
+    Gateway,
+    GatewayList,
+    NodeDetail,
+    NodeList,
+    NodeSummary,
+    TargetGroup,
+    gpu,
+)
 from cloud_gateway.cert_expiry import CertificateExpiry
 from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
@@ -38,7 +48,7 @@ from cloud_gateway.fleet_documents import (
     sd_groups_elsewhere,
 )
 from cloud_gateway.http_listener import ConnectionGuard, Throttled
-from cloud_gateway.openapi import OPENAPI
+from cloud_gateway.openapi import document
 from cloud_gateway.proxy import Proxy
 from cloud_gateway.registry import NodeView, Registry
 from cloud_gateway.shards import ShardError, parse_shard
@@ -84,7 +94,8 @@ STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+    body: ErrorBody = {"error": message}
+    return web.json_response(body, status=status, headers=headers)
 
 
 def _refused(
@@ -93,7 +104,8 @@ def _refused(
     """Counts the refusal (``reason`` from AUTH_FAILURE_REASONS) and builds the answer."""
     request.app[STATE].auth_failures[reason] += 1
     headers = CIMultiDict(("WWW-Authenticate", c) for c in challenges)
-    return web.json_response({"error": message}, status=status, headers=headers)
+    body: ErrorBody = {"error": message}
+    return web.json_response(body, status=status, headers=headers)
 
 
 def _credentials(request: web.Request, *, proxy: bool) -> tuple[str, str]:
@@ -279,7 +291,7 @@ async def service_discovery(request: web.Request) -> web.Response:
     """Prometheus http_sd: one target group per published endpoint of every online node."""
     state = request.app[STATE]
     now = state.clock()
-    groups: list[dict[str, Any]] = []
+    groups: list[TargetGroup] = []
     for view in state.registry.nodes(now):
         if view.state == "offline":
             continue
@@ -368,7 +380,7 @@ def node_document(
     now: float,
     endpoints: EndpointTable | None = None,
     certificates: CertificateExpiry | None = None,
-) -> dict[str, Any]:
+) -> NodeSummary:
     published = endpoints.published_via(view.name) if endpoints is not None else []
     expires, serial = certificates.of(view.name) if certificates else (None, None)
     return {
@@ -399,12 +411,13 @@ def node_document(
 
 def node_detail(
     view: NodeView, now: float, endpoints: EndpointTable, certificates: CertificateExpiry
-) -> dict[str, Any]:
-    doc = node_document(view, now, endpoints, certificates)
-    doc["gpus"] = [dataclasses.asdict(g) for g in view.gpus]
-    doc["recent_errors"] = [{"time": e.time, "message": e.message} for e in view.recent_errors]
-    doc["last_disconnect_reason"] = view.last_disconnect_reason
-    return doc
+) -> NodeDetail:
+    return {
+        **node_document(view, now, endpoints, certificates),
+        "gpus": [gpu(g) for g in view.gpus],
+        "recent_errors": [{"time": e.time, "message": e.message} for e in view.recent_errors],
+        "last_disconnect_reason": view.last_disconnect_reason,
+    }
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -428,7 +441,8 @@ async def list_nodes(request: web.Request) -> web.Response:
                 not domain or doc["domain"] == domain
             ):
                 nodes.append(doc)
-    return web.json_response({"now": now, "nodes": nodes})
+    body: NodeList = {"now": now, "nodes": nodes}
+    return web.json_response(body)
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -440,9 +454,12 @@ async def get_node(request: web.Request) -> web.Response:
     if view is None:
         for entry, owner in link.elsewhere() if link is not None else ():
             if entry.node == name:
-                doc = entry_document(entry, owner, now)
-                doc["gpus"] = [dataclasses.asdict(g) for g in entry.facts.gpus]
-                return web.json_response(doc)
+                detail: NodeDetail = {
+                    **entry_document(entry, owner, now),
+                    "gpus": [gpu(g) for g in entry.facts.gpus],
+                    "recent_errors": [],  # known on the owner only
+                }
+                return web.json_response(detail)
         return _error(404, f"unknown node {name!r}")
     doc = node_detail(view, now, state.endpoints, state.certificates)
     if link is not None:
@@ -458,11 +475,20 @@ async def list_gateways(request: web.Request) -> web.Response:
     if link is None or not members:
         me = link.gateway if link is not None else ""
         nodes = sum(1 for v in state.registry.nodes(state.clock()) if v.state != "offline")
-        gateways = [{"id": me, "advertise": "", "alive": True, "this": True,
-                     "heartbeat_age_seconds": 0.0, "up_seconds": None, "nodes": nodes}]  # fmt: skip
+        alone: Gateway = {
+            "id": me,
+            "advertise": "",
+            "alive": True,
+            "this": True,
+            "heartbeat_age_seconds": 0.0,
+            "up_seconds": None,
+            "nodes": nodes,
+        }
+        gateways = [alone]
     else:
         gateways = [gateway_document(m, link.cfg.ttl_seconds, link.gateway) for m in members]
-    return web.json_response({"gateways": gateways})
+    body: GatewayList = {"gateways": gateways}
+    return web.json_response(body)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -480,7 +506,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(OPENAPI)
+    return web.json_response(document())
 
 
 async def ui_fleet(request: web.Request) -> web.Response:
@@ -528,6 +554,6 @@ def make_app(state: HttpState) -> web.Application:
     app.router.add_get("/api/v1/sd", service_discovery)
     app.router.add_get("/api/v1/sd/metrics", metrics_discovery)
     app.router.add_route("*", "/proxy/{node}/{port}/{path:.*}", path_proxy)
-    app.router.add_get("/ui", ui_fleet)  # HTML for people: not in /openapi.json
+    app.router.add_get("/ui", ui_fleet)  # HTML for people (text/html in /openapi.json)
     app.router.add_get("/ui/nodes/{node}", ui_node)
     return app

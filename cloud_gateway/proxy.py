@@ -183,8 +183,11 @@ class Proxy:
         """A request of a ``{node}/{port}/{path}`` route (``/proxy/...``, and the peer
         listener's): 400 for a port that is not 1..65535, else :meth:`relay`."""
         port_text = request.match_info["port"]
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            return web.Response(status=400, text=f"port {port_text!r} is not a number 1..65535\n")
+        digits = port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+        if not digits or not 1 <= int(port_text) <= 65535:  # isdigit alone takes '²'
+            return web.Response(
+                status=400, text=f"port {port_text[:20]!r} is not a number 1..65535\n"
+            )
         path = "/" + request.match_info["path"]
         if request.query_string:
             path += "?" + request.query_string

@@ -27,11 +27,17 @@ def parse_shard(query: Mapping[str, str]) -> tuple[int, int] | None:
         return None
     if shard is None or shards is None:
         raise ShardError("shard and shards go together: /metrics?shard=K&shards=N")
-    if not (shard.isdigit() and shards.isdigit()):
-        raise ShardError(f"shard={shard!r} and shards={shards!r} must be whole numbers")
+    if not (_decimal(shard) and _decimal(shards)):
+        raise ShardError(f"shard={shard[:20]!r} and shards={shards[:20]!r} must be whole numbers")
     k, n = int(shard), int(shards)
     if not 1 <= n <= MAX_SHARDS:
         raise ShardError(f"shards must be between 1 and {MAX_SHARDS}, not {n}")
     if not k < n:
         raise ShardError(f"shard must be between 0 and shards-1 ({n - 1}), not {k}")
     return k, n
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits, few enough for int(): ``str.isdigit`` also takes ``²``, which int()
+    refuses, and int() refuses more than 4,300 digits."""
+    return text.isascii() and text.isdigit() and len(text) <= 20

@@ -8,17 +8,31 @@ memory in bytes, ``percent`` the used/total fraction (0..1), sums over all cards
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TypedDict
 
 from gpurelay.model import GpuInventory
+
+
+class BieDevice(TypedDict):
+    usedMemory: int  # bytes
+    totalMemory: int
+    percent: float  # used/total, 0..1
+
+
+class BieNode(TypedDict):
+    deviceNum: int
+    devices: list[BieDevice]
+    usedMemory: int
+    totalMemory: int
+    percent: float
 
 
 def _fraction(used: float, total: float) -> float:
     return used / total if total > 0 else 0.0
 
 
-def node_summary(gpus: Iterable[GpuInventory]) -> dict[str, Any]:
-    devices = [
+def node_summary(gpus: Iterable[GpuInventory]) -> BieNode:
+    devices: list[BieDevice] = [
         {
             "usedMemory": g.memory_used_bytes,
             "totalMemory": g.memory_total_bytes,
@@ -37,5 +51,5 @@ def node_summary(gpus: Iterable[GpuInventory]) -> dict[str, Any]:
     }
 
 
-def collect_document(node: str, gpus: Iterable[GpuInventory]) -> dict[str, Any]:
+def collect_document(node: str, gpus: Iterable[GpuInventory]) -> dict[str, BieNode]:
     return {node: node_summary(gpus)}
