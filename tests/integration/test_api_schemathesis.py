@@ -12,7 +12,9 @@ What is left out, and why: the proxy answers with the node's status, content typ
 body (the agent's ``/metrics``, its 404 page...), which the gateway's document cannot
 describe, so its content-type and body checks are off for ``/proxy/...`` (the gateway's
 own refusals there are still checked for status and for no 5xx other than the documented
-502/503/504 of an unreachable port)."""
+502/503/504 of an unreachable port). And on ``/metrics``, positive_data_acceptance: shard
+and shards go together (shard < shards), which OpenAPI cannot express, so schema-valid
+values of one alone are rightly a 400."""
 
 from __future__ import annotations
 
