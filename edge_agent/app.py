@@ -38,7 +38,8 @@ from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.outbox import Outbox
 from edge_agent.spool import Spool, SpoolLimits
-from edge_agent.tunnel import PublishedEndpoint, Tunnel
+from edge_agent.tunnel import Tunnel
+from edge_agent.tunnel_types import PublishedEndpoint
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Snapshot
 from gpurelay.sdnotify import notify

@@ -39,7 +39,7 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import asyncssh
 from tenacity import (
@@ -50,87 +50,34 @@ from tenacity import (
 )
 
 from edge_agent.config import TunnelConfig, heartbeat_seconds, silence_timeout
-from edge_agent.credentials import load_pair
 from edge_agent.dial import PathSilent, Rotation, show
 from edge_agent.encode import SnapshotEncoder
 from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
 from edge_agent.proxy_connect import ProxyError, log_route, proxy_route
 from edge_agent.renew import Renewer
+from edge_agent.tunnel_inbound import Inbound
 from edge_agent.tunnel_stats import TUNNEL_FAMILIES, TunnelStats
+from edge_agent.tunnel_types import (
+    RETRIED,
+    PublishedEndpoint,
+    SessionEnded,
+    TunnelError,
+    Unanswered,
+    load_client_key,
+    load_known_hosts,
+)
 from gpurelay.asyncssh_hooks import hook_forwarded_open
 from gpurelay.model import SampleSink, Snapshot
 from gpurelay.wire import (
-    READ_CHUNK,
     SUBSYSTEM,
-    Ack,
-    AckRanges,
-    ErrorFrame,
-    FrameDecoder,
     FrameEncoder,
-    Goodbye,
-    Heartbeat,
     Hello,
     Replay,
     WireError,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedEndpoint:
-    """An endpoint offered to the gateway: NODE:PORT -> host:target_port on the edge."""
-
-    name: str
-    node: str
-    port: int
-    host: str
-    target_port: int
-
-
-class TunnelError(AgentError):
-    """The session with the gateway failed; the tunnel reconnects after a backoff."""
-
-
-class SessionEnded(Exception):  # not an error: what became of a session
-    """A session that the gateway had acknowledged data on ended, cleanly or not (a reset,
-    a crashed gateway, a dead link): the next connection starts a *new* backoff sequence,
-    after the short jittered pause, instead of counting as one more failure of the last
-    outage (issue 13: agents waited up to 60 s after a gateway's kill -9)."""
-
-
-RETRIED = (TunnelError, OSError, asyncssh.Error, WireError)  # a failed attempt: try again
-
-
-class Unanswered(TunnelError):
-    """Nobody answered the TCP handshake: a silent path, retried after a short pause."""
-
-
-class GatewaySilent(TunnelError):
-    """The gateway sent nothing (no ACK, no HEARTBEAT) for the silence timeout."""
-
-
-class GatewayRefused(TunnelError):
-    """The gateway sent an ERROR frame: it will not take this agent's data as sent."""
-
-
-def load_client_key(cfg: TunnelConfig) -> tuple[asyncssh.SSHKey, asyncssh.SSHCertificate]:
-    """Read the node key and certificate, with errors that name the file. Called at start
-    and again before every connection: a renewed certificate (edge_agent.renew) or one an
-    operator replaced is used from the next connection on."""
-    assert cfg.key is not None
-    cert_path = cfg.certificate_path
-    assert cert_path is not None
-    return load_pair(cfg.key, cert_path)
-
-
-def load_known_hosts(cfg: TunnelConfig) -> asyncssh.SSHKnownHosts:
-    assert cfg.known_hosts is not None
-    try:
-        return asyncssh.read_known_hosts(str(cfg.known_hosts))
-    except (OSError, ValueError) as exc:
-        raise AgentError(f"gateway known_hosts {cfg.known_hosts} cannot be used: {exc}") from exc
 
 
 class Tunnel:
@@ -468,7 +415,7 @@ class Tunnel:
         )
         silence = silence_timeout(self._cfg, interval)
         self._write(writer, frames.encode(hello))
-        receiver = asyncio.create_task(self._receive(reader, silence))
+        receiver = asyncio.create_task(self._inbound().run(reader, silence))
         sender = asyncio.create_task(self._send_loop(writer, frames))
         tasks = {receiver, sender}
         renewal: asyncio.Task[None] | None = None
@@ -525,54 +472,14 @@ class Tunnel:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
 
+    def _inbound(self) -> Inbound:
+        """The reader of what the gateway sends on this session."""
+        return Inbound(self.stats, self.log, self._wakeup, self._taken, lambda: self._dispatch)
+
+    def _taken(self) -> None:
+        self._acked_this_session = True  # the gateway took this session
+
     def _write(self, writer: asyncssh.SSHWriter[bytes], data: bytes, frames: int = 1) -> None:
         writer.write(data)
         self.stats.frames_sent += frames
         self.stats.bytes_sent += len(data)
-
-    async def _receive(self, reader: asyncssh.SSHReader[bytes], silence: float) -> None:
-        """ACKs, HEARTBEATs, GOODBYE, ERROR. The gateway sends one of them at least about
-        once an interval; nothing for ``silence`` seconds means the link (or the gateway)
-        is dead, whatever TCP believes: drop the session and dial again."""
-        decoder = FrameDecoder()
-        while True:
-            try:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK), silence)
-            except TimeoutError:
-                message = (
-                    f"nothing from the gateway for {silence:g}s (gateway.silence_timeout_"
-                    "seconds): the link or the gateway is dead; dropping the session"
-                )
-                self.stats.fail("silent", message)
-                raise GatewaySilent(message) from None
-            if not data:
-                self.log.warning("gateway closed the telemetry channel")
-                return
-            try:
-                incoming = decoder.feed(data)
-            except WireError as exc:
-                self.stats.fail("protocol", str(exc))
-                raise TunnelError(f"gateway sent an invalid frame: {exc}") from exc
-            if any(isinstance(frame, Heartbeat) for frame in incoming):
-                self._acked_this_session = True  # the gateway took this session
-            acked = [frame.seq for frame in incoming if isinstance(frame, Ack)]
-            ranged = [frame.ranges for frame in incoming if isinstance(frame, AckRanges)]
-            if acked or ranged:
-                self._acked_this_session = True
-                top = max(acked + [ranges[-1][1] for ranges in ranged])
-                self.stats.acked_seq = max(self.stats.acked_seq, top)
-                if self._dispatch is not None:
-                    self._dispatch.acked(acked)
-                    for ranges in ranged:  # each frame's ranges are ascending (canonical)
-                        self._dispatch.acked_ranges(ranges)
-                self._wakeup.set()  # room for more replays
-            for frame in incoming:
-                if isinstance(frame, Ack | AckRanges | Heartbeat):
-                    continue
-                if isinstance(frame, Goodbye):
-                    self.log.info("gateway is going away: %s", frame.reason)
-                    return
-                elif isinstance(frame, ErrorFrame):
-                    self.stats.fail(f"refused_{frame.code}", frame.message)
-                    self.log.error("gateway refused our data (%s): %s", frame.code, frame.message)
-                    raise GatewayRefused(f"{frame.code}: {frame.message}")

@@ -15,7 +15,8 @@ import pytest
 from edge_agent.config import TunnelConfig, load
 from edge_agent.dial import Rotation, first_index, show
 from edge_agent.errors import ConfigError
-from edge_agent.tunnel import GatewayRefused, SessionEnded, Tunnel, TunnelError, Unanswered
+from edge_agent.tunnel import Tunnel
+from edge_agent.tunnel_types import GatewayRefused, SessionEnded, TunnelError, Unanswered
 from gpurelay.wire import Hello
 from harness.fleet import make_pki
 
@@ -276,6 +277,6 @@ async def test_one_address_behaves_as_before(tmp_path: Path) -> None:
 
 def test_session_ended_is_not_a_retried_failure() -> None:
     # run() relies on it: a SessionEnded leaves the round and tenacity alike
-    from edge_agent.tunnel import RETRIED
+    from edge_agent.tunnel_types import RETRIED
 
     assert not issubclass(SessionEnded, RETRIED)

@@ -84,7 +84,7 @@ async def test_the_tunnel_applies_every_range_frame_of_a_read(tmp_path: Path) ->
     reader = OneRead(
         AckRanges(ranges=((3, 4), (9, 9))), AckRanges(ranges=((1, 1), (6, 7))), Ack(seq=10)
     )
-    await t._receive(reader, 5.0)  # type: ignore[arg-type]
+    await t._inbound().run(reader, 5.0)  # type: ignore[arg-type]
     assert spooled(box) == [2, 5, 8]
     assert d.in_flight == {2, 5, 8}
     assert t.stats.acked_seq == 10 and t._acked_this_session

@@ -16,7 +16,8 @@ import pytest
 
 from edge_agent.config import TunnelConfig
 from edge_agent.dial import PathSilent, dial
-from edge_agent.tunnel import GatewaySilent, SessionEnded, Tunnel, TunnelError, Unanswered
+from edge_agent.tunnel import Tunnel
+from edge_agent.tunnel_types import GatewaySilent, SessionEnded, TunnelError, Unanswered
 from gpurelay.wire import Frame, FrameEncoder, Heartbeat, Hello
 from harness.fleet import make_pki
 
@@ -172,7 +173,7 @@ async def test_a_gateway_that_sends_nothing_for_the_silence_timeout_is_dropped(
     reader = SilentReader(Heartbeat(received=0))
     started = time.monotonic()
     with pytest.raises(GatewaySilent, match=r"nothing from the gateway for 0\.3s"):
-        await t._receive(reader, 0.3)  # type: ignore[arg-type]
+        await t._inbound().run(reader, 0.3)  # type: ignore[arg-type]
     assert time.monotonic() - started < 3.0
     assert t.stats.failures == {"silent": 1}
     assert t._acked_this_session  # the heartbeat showed the gateway took the session
