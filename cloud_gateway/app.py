@@ -35,8 +35,9 @@ from cloud_gateway.enrollment import build_enrollment
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
 from cloud_gateway.gateway_metrics import gateway_families
-from cloud_gateway.http_api import HttpState, make_app
+from cloud_gateway.http_api import make_app
 from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
+from cloud_gateway.http_state import HttpState
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.peers import PeerClient, start_peer_listener
 from cloud_gateway.proxy import Proxy

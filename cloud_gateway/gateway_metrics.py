@@ -20,7 +20,8 @@ from cloud_gateway.cluster import Cluster
 from cloud_gateway.enrollment import REFUSALS as ENROLL_REFUSALS
 from cloud_gateway.exposition import FamilySamples
 from cloud_gateway.forwarding import ForwardStats
-from cloud_gateway.http_api import AUTH_FAILURE_REASONS, ENDPOINTS
+from cloud_gateway.http_api import ENDPOINTS
+from cloud_gateway.http_auth import AUTH_FAILURE_REASONS
 from cloud_gateway.http_listener import CLOSE_REASONS, ConnectionStats
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.proxy_protocol import REFUSALS

@@ -12,23 +12,16 @@ forward proxy also takes the token as the Basic password of ``Proxy-Authorizatio
 
 from __future__ import annotations
 
-import dataclasses
-import hmac
 import logging
-import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Final
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
-from multidict import CIMultiDict
 from yarl import URL
 
 from cloud_gateway import ui
 from cloud_gateway.api_models import (
-    ErrorBody,
     Gateway,
     GatewayList,
     NodeDetail,
@@ -38,155 +31,24 @@ from cloud_gateway.api_models import (
     gpu,
 )
 from cloud_gateway.cert_expiry import CertificateExpiry
-from cloud_gateway.directory_link import DirectoryLink
 from cloud_gateway.endpoints import EndpointTable
-from cloud_gateway.exposition import Body, Exposition, bie_document
+from cloud_gateway.exposition import Body, bie_document
 from cloud_gateway.fleet_documents import (
     entry_document,
     gateway_document,
     metrics_targets,
     sd_groups_elsewhere,
 )
-from cloud_gateway.http_listener import ConnectionGuard, Throttled
+from cloud_gateway.http_auth import authorised, page_authorised
+from cloud_gateway.http_state import OTHER, STATE, HttpState, error_response, route_template
 from cloud_gateway.openapi import document
-from cloud_gateway.proxy import Proxy
-from cloud_gateway.registry import NodeView, Registry
+from cloud_gateway.registry import NodeView
 from cloud_gateway.shards import ShardError, parse_shard
-from cloud_gateway.ui_history import RecentValues
 from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
-from gpurelay.web_config import BASIC_CHALLENGE, BasicAuth, parse_basic
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATES = ("online", "stale", "offline")
-OTHER = "other"  # the endpoint label of every path that matched no route
-# Values of gpurelay_gateway_http_auth_failures_total{reason}.
-AUTH_FAILURE_REASONS: Final = ("missing", "bad_token", "bad_password", "malformed")
-BEARER_CHALLENGE: Final = 'Bearer realm="cloud-gateway"'
 log = logging.getLogger("cloud_gateway.http")
-_log_refused = Throttled(logging.WARNING)
-
-
-@dataclasses.dataclass
-class HttpState:
-    registry: Registry
-    exposition: Exposition
-    tokens: frozenset[str]
-    protect_metrics: bool = False
-    clock: Callable[[], float] = time.time
-    ready: bool = False
-    requests: dict[str, int] = dataclasses.field(default_factory=dict)
-    endpoints: EndpointTable = dataclasses.field(default_factory=EndpointTable)
-    proxy: Proxy | None = None
-    # None: same tokens as /api; () with protect_*=False: open.
-    proxy_tokens: frozenset[str] | None = None
-    sd_tokens: frozenset[str] | None = None
-    protect_proxy: bool = True
-    protect_sd: bool = True
-    connections: ConnectionGuard | None = None  # the listener's, when it has one
-    basic_auth: BasicAuth | None = None  # basic_auth_users of http.web_config_file
-    auth_failures: Counter[str] = dataclasses.field(default_factory=Counter)
-    directory: DirectoryLink | None = None  # the fleet beyond this gateway's registry
-    certificates: CertificateExpiry = dataclasses.field(default_factory=CertificateExpiry)
-    history: RecentValues = dataclasses.field(default_factory=RecentValues)  # /ui's charts
-
-
-STATE: web.AppKey[HttpState] = web.AppKey("state", HttpState)
-
-
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    body: ErrorBody = {"error": message}
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _refused(
-    request: web.Request, reason: str, status: int, message: str, *challenges: str
-) -> web.Response:
-    """Counts the refusal (``reason`` from AUTH_FAILURE_REASONS) and builds the answer."""
-    request.app[STATE].auth_failures[reason] += 1
-    headers = CIMultiDict(("WWW-Authenticate", c) for c in challenges)
-    body: ErrorBody = {"error": message}
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _credentials(request: web.Request, *, proxy: bool) -> tuple[str, str]:
-    """``(scheme, value)`` of the first Authorization (or, for a forward proxy, first
-    Proxy-Authorization) header with a value; ``("", "")`` when there is none."""
-    headers = ("Proxy-Authorization", "Authorization") if proxy else ("Authorization",)
-    for header in headers:
-        scheme, _, value = request.headers.get(header, "").partition(" ")
-        if value.strip():
-            return scheme.lower(), value.strip()
-    return "", ""
-
-
-def _token_ok(given: str, tokens: frozenset[str]) -> bool:
-    data = given.encode()
-    return any(hmac.compare_digest(data, t.encode()) for t in tokens)
-
-
-async def _authorised(
-    request: web.Request,
-    tokens: frozenset[str],
-    *,
-    what: str = "the operator API",
-    proxy: bool = False,
-    setting: str = "http.tokens or http.token_files",
-    token_as_password: bool | None = None,
-) -> web.Response | None:
-    """None when the request may pass, else the 401/403 response to send. A bearer token
-    from ``tokens``, a basic user, or (forward proxy and /ui: ``token_as_password``) a
-    token as Basic password."""
-    if token_as_password is None:
-        token_as_password = proxy
-    basic = request.app[STATE].basic_auth
-    if not tokens and not basic:
-        return _error(
-            403,
-            f"{what} is closed: no tokens are configured on the gateway (set {setting}, "
-            "or basic_auth_users in http.web_config_file)",
-        )
-    scheme, value = _credentials(request, proxy=proxy)
-    if scheme == "bearer":
-        if _token_ok(value, tokens):
-            return None
-        return _refused(request, "bad_token", 403, "the bearer token was not accepted")
-    if scheme == "basic":
-        pair = parse_basic(value)
-        if pair is None:
-            return _refused(
-                request, "malformed", 401, "malformed basic credentials", BASIC_CHALLENGE
-            )
-        user, password = pair
-        if token_as_password and _token_ok(password, tokens):
-            return None
-        if basic and await basic.verify(user, password):
-            return None
-        _log_refused(
-            "HTTP %s %s refused: wrong password for basic user %r from %r",
-            request.method,
-            route_template(request),
-            user[:64],
-            request.remote,
-        )
-        return _refused(
-            request, "bad_password", 401, "wrong user name or password", BASIC_CHALLENGE
-        )
-    if basic:
-        return _refused(
-            request,
-            "missing",
-            401,
-            "missing credentials: send 'Authorization: Bearer <token>' or basic auth",
-            BEARER_CHALLENGE,
-            BASIC_CHALLENGE,
-        )
-    return _refused(
-        request,
-        "missing",
-        401,
-        "missing bearer token: send 'Authorization: Bearer <token>'",
-        BEARER_CHALLENGE,
-    )
 
 
 @web.middleware
@@ -201,36 +63,24 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if path in ("/api/v1/sd", "/api/v1/sd/metrics"):
         if state.protect_sd:
             tokens = state.tokens if state.sd_tokens is None else state.sd_tokens
-            refusal = await _authorised(
+            refusal = await authorised(
                 request, tokens, what="service discovery", setting="http.sd_tokens or http.tokens"
             )
     elif path.startswith("/proxy/"):
         if state.protect_proxy:
             tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
-            refusal = await _authorised(
+            refusal = await authorised(
                 request, tokens, what="the proxy", setting="http.proxy_tokens or http.tokens"
             )
     elif path == "/ui" or path.startswith("/ui/"):
-        refusal = await _page_authorised(request, state.tokens)
+        refusal = await page_authorised(request, state.tokens)
     elif path.startswith("/api/") or (
         state.protect_metrics and path in ("/metrics", "/v1/collect")
     ):
-        refusal = await _authorised(request, state.tokens)
+        refusal = await authorised(request, state.tokens)
     if refusal is not None:
         return refusal
     return await handler(request)
-
-
-async def _page_authorised(request: web.Request, tokens: frozenset[str]) -> web.Response | None:
-    """The operator page: the API's credentials, and an API token as the Basic password
-    (any user name), so that a browser's login prompt works with tokens only. A 401
-    always asks for Basic: a browser prompts for nothing else."""
-    refusal = await _authorised(request, tokens, what="the operator page", token_as_password=True)
-    if refusal is not None and refusal.status == 401:
-        challenges = refusal.headers.getall("WWW-Authenticate", [])
-        if BASIC_CHALLENGE not in challenges:
-            refusal.headers.add("WWW-Authenticate", BASIC_CHALLENGE)
-    return refusal
 
 
 @web.middleware
@@ -241,13 +91,6 @@ async def track_requests(request: web.Request, handler: Handler) -> web.StreamRe
         return await handler(request)
     with guard.request(request.transport):
         return await handler(request)
-
-
-def route_template(request: web.Request) -> str:
-    """The route a request matched, as its template (``/api/v1/nodes/{node}``), or
-    ``other``: a label value from a fixed set, whatever path a client sends."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else OTHER
 
 
 def _is_absolute_form(request: web.Request) -> bool:
@@ -263,7 +106,7 @@ async def forward_proxy(request: web.Request) -> web.StreamResponse:
     url = URL(request.raw_path)
     if state.protect_proxy:
         tokens = state.tokens if state.proxy_tokens is None else state.proxy_tokens
-        refusal = await _authorised(
+        refusal = await authorised(
             request,
             tokens,
             what="the proxy",
@@ -321,7 +164,7 @@ async def metrics_discovery(request: web.Request) -> web.Response:
     try:
         shards = parse_shard({"shard": "0", "shards": request.query.get("shards", "1")})
     except ShardError as exc:
-        return _error(400, str(exc))
+        return error_response(400, str(exc))
     assert shards is not None
     link = state.directory
     gateways = link.http_targets() if link is not None else []
@@ -358,7 +201,7 @@ async def metrics(request: web.Request) -> web.Response:
         try:
             shard = parse_shard(request.query)
         except ShardError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         assert shard is not None
         body = await state.exposition.scrape_shard_async(*shard, openmetrics=om, gzip=gz)
     else:
@@ -424,7 +267,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     state = request.app[STATE]
     wanted = request.query.get("state")
     if wanted is not None and wanted not in STATES:
-        return _error(400, f"state must be one of {', '.join(STATES)}, not {wanted!r}")
+        return error_response(400, f"state must be one of {', '.join(STATES)}, not {wanted!r}")
     domain = request.query.get("domain")
     now = state.clock()
     views = state.registry.nodes(now, state=wanted)  # type: ignore[arg-type]
@@ -460,7 +303,7 @@ async def get_node(request: web.Request) -> web.Response:
                     "recent_errors": [],  # known on the owner only
                 }
                 return web.json_response(detail)
-        return _error(404, f"unknown node {name!r}")
+        return error_response(404, f"unknown node {name!r}")
     doc = node_detail(view, now, state.endpoints, state.certificates)
     if link is not None:
         doc["gateway"] = link.gateway

@@ -48,7 +48,7 @@ from cloud_gateway.ui_render import (
 )
 
 if TYPE_CHECKING:
-    from cloud_gateway.http_api import HttpState
+    from cloud_gateway.http_state import HttpState
 
 HEADERS = {
     "Content-Security-Policy": CSP,
