@@ -149,6 +149,13 @@ def split_host_port(value: str, what: str = "listen address") -> tuple[str, int]
     """``HOST:PORT`` (``[v6]:PORT`` too; an empty host means every address) as a pair;
     :class:`SettingsError` naming ``what`` otherwise."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"{what} {value!r} must look like HOST:PORT")
+    shown = repr(value) if len(value) <= 80 else f"{value[:60]!r}... ({len(value)} characters)"
+    if not sep:
+        raise SettingsError(f"{what} {shown} must look like HOST:PORT")
+    # ASCII digits only: str.isdigit also takes '²', and int() refuses 5,000 digits
+    if not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
+        raise SettingsError(
+            f"{what} {shown} must look like HOST:PORT, the port 1..65535 in ASCII digits "
+            "(0: any free port)"
+        )
     return host.strip("[]") or "0.0.0.0", int(port)
