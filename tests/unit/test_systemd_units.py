@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "deploy" / "systemd"
 AGENT = UNITS / "edge-agent.service"
 GATEWAY = UNITS / "cloud-gateway.service"
+SIGNER = UNITS / "cloud-gateway-signer.service"
 INSTALLER = REPO / "deploy" / "install-edge-agent.sh"
 VENV_BIN = "/opt/edge-gpu-relay/venv/bin/"
 REQUIRE_SYSTEMD = os.environ.get("EDGE_GPU_RELAY_REQUIRE_SYSTEMD") == "1"
@@ -186,6 +187,66 @@ def test_gateway_contract(gateway: Unit) -> None:
     assert "-/etc/edge-gpu-relay/ca/host_ca" in hidden
 
 
+def test_signer_contract(gateway: Unit) -> None:
+    """The signer's unit: its own user, the gateway's group on its socket and runtime
+    directory, the CA directory its one writable place, every argument one the CLI takes,
+    hardened like the others and off the network."""
+    import argparse
+
+    from cloud_gateway.signer import add_signer_parser
+
+    signer = parse_unit(SIGNER)
+    s = "Service"
+    gateway_user = one(gateway, s, "User")
+    assert one(signer, s, "User") == "gpurelay-signer" != gateway_user
+    assert one(signer, s, "Group") == gateway_user  # so it can give the socket that group
+    exec_start = one(signer, s, "ExecStart").split()
+    assert exec_start[:2] == [VENV_BIN + "cloud-gateway", "signer"]
+    parser = argparse.ArgumentParser()
+    add_signer_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(exec_start[1:])  # every argument is one the signer takes
+    assert args.group == gateway_user
+    assert str(args.ca_dir) == "/etc/edge-gpu-relay/ca"
+    assert args.lifetime == 604800
+    runtime = Path("/run") / one(signer, s, "RuntimeDirectory")
+    assert args.socket.parent == runtime
+    assert int(one(signer, s, "RuntimeDirectoryMode"), 8) == 0o710  # group: through only
+    assert one(signer, s, "ReadWritePaths").split() == [str(args.ca_dir)]
+    assert one(signer, s, "UMask") == "0077"
+    # the gateway's unit hides the key from the gateway; the signer's reads it
+    assert f"-{args.ca_dir}/user_ca" in one(gateway, s, "InaccessiblePaths").split()
+    assert not values(signer, s, "InaccessiblePaths")
+    for key, want in [
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("PrivateTmp", "yes"),
+        ("PrivateDevices", "yes"),
+        ("PrivateNetwork", "yes"),
+        ("ProtectProc", "invisible"),
+        ("ProtectKernelTunables", "yes"),
+        ("ProtectKernelModules", "yes"),
+        ("ProtectControlGroups", "yes"),
+        ("RestrictNamespaces", "yes"),
+        ("RestrictRealtime", "yes"),
+        ("LockPersonality", "yes"),
+        ("MemoryDenyWriteExecute", "yes"),
+        ("SystemCallFilter", "@system-service"),
+        ("CapabilityBoundingSet", ""),
+        ("AmbientCapabilities", ""),
+        ("RestrictAddressFamilies", "AF_UNIX"),
+        ("Restart", "on-failure"),
+    ]:
+        assert one(signer, s, key) == want, key
+    # 2: a bad argument, 1: a CA directory or socket it cannot use; neither fixes itself
+    assert one(signer, s, "RestartPreventExitStatus").split() == ["1", "2"]
+    assert one(signer, "Unit", "Before") == GATEWAY.name
+    assert one(signer, "Install", "WantedBy") == "multi-user.target"
+    guide = (REPO / "docs" / "operator-guide.md").read_text()
+    assert f"deploy/systemd/{SIGNER.name}" in guide
+    assert f'signer_socket = "{args.socket}"' in SIGNER.read_text()
+
+
 def test_gateway_inventory_is_in_the_writable_state_directory(gateway: Unit) -> None:
     """A single gateway keeps its node inventory at $STATE_DIRECTORY/nodes.db: systemd
     sets that variable from StateDirectory= and makes the directory the service user's,
@@ -239,7 +300,7 @@ def test_reload_only_if_the_program_handles_sighup(path: Path, package: str) -> 
 def test_every_setting_is_explained() -> None:
     """Every hardening line the reader might question carries a comment right above it
     (or within the comment block of its group)."""
-    for path in (AGENT, GATEWAY):
+    for path in (AGENT, GATEWAY, SIGNER):
         lines = path.read_text().splitlines()
         for i, line in enumerate(lines):
             if line.startswith(
@@ -303,7 +364,7 @@ def verify(systemd_analyze: str, unit: Path) -> list[str]:
     return ours
 
 
-@pytest.mark.parametrize("path", [AGENT, GATEWAY], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [AGENT, GATEWAY, SIGNER], ids=lambda p: p.name)
 def test_systemd_analyze_verify(systemd_analyze: str, tmp_path: Path, path: Path) -> None:
     unit = verifiable_copy(path, tmp_path)
     assert verify(systemd_analyze, unit) == []
@@ -322,7 +383,11 @@ def test_verify_harness_reports_problems(systemd_analyze: str, tmp_path: Path) -
     assert "sometimes" in problems
 
 
-@pytest.mark.parametrize(("path", "ceiling"), [(AGENT, 2.5), (GATEWAY, 2.0)], ids=["agent", "gw"])
+@pytest.mark.parametrize(
+    ("path", "ceiling"),
+    [(AGENT, 2.5), (GATEWAY, 2.0), (SIGNER, 1.5)],
+    ids=["agent", "gw", "signer"],
+)
 def test_systemd_analyze_security_exposure(
     systemd_analyze: str, tmp_path: Path, path: Path, ceiling: float
 ) -> None:
