@@ -5,8 +5,9 @@ Server-rendered HTML from what the gateway holds: the registry's nodes and lates
 the directory's nodes on other gateways, and the recent values of
 :class:`cloud_gateway.ui_history.RecentValues` for the charts. Filter (``?q=``) and sort
 (``?sort=COLUMN&order=asc|desc``) work without JavaScript; a small inline script does
-both in place as you type or click. The HTML is made by :mod:`cloud_gateway.ui_render`,
-which escapes every string a node sent.
+both in place as you type or click. The HTML is made by :mod:`cloud_gateway.ui_fleet` and
+:mod:`cloud_gateway.ui_node` (on :mod:`cloud_gateway.ui_html`), which escape every string a
+node sent.
 
 Authentication is the API's (``/ui`` is behind the same middleware,
 :mod:`cloud_gateway.http_api`); every answer carries a strict Content-Security-Policy
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from cloud_gateway.fleet_documents import entry_document
 from cloud_gateway.registry_types import NodeView
+from cloud_gateway.ui_fleet import COLUMNS, Row, fleet_html, matches, sort_rows
 from cloud_gateway.ui_history import (
     FB_FREE,
     FB_RESERVED,
@@ -33,19 +35,8 @@ from cloud_gateway.ui_history import (
     UTIL,
     per_gpu,
 )
-from cloud_gateway.ui_render import (
-    COLUMNS,
-    CSP,
-    GpuRow,
-    NodePage,
-    ProcessRow,
-    Row,
-    fleet_html,
-    matches,
-    message_html,
-    node_html,
-    sort_rows,
-)
+from cloud_gateway.ui_html import CSP, message_html
+from cloud_gateway.ui_node import GpuRow, NodePage, ProcessRow, node_html
 
 if TYPE_CHECKING:
     from cloud_gateway.http_state import HttpState

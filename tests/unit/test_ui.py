@@ -21,7 +21,8 @@ from cloud_gateway.exposition import Exposition
 from cloud_gateway.http_api import HttpState, make_app
 from cloud_gateway.registry import FB_FAMILIES, Registry, RegistryConfig
 from cloud_gateway.ui_history import UI_FAMILIES, RecentValues
-from cloud_gateway.ui_render import CSP, SCRIPT, STYLE, sparkline
+from cloud_gateway.ui_html import CSP, SCRIPT, STYLE
+from cloud_gateway.ui_node import sparkline
 from gpurelay.model import GpuInventory, Labels
 from gpurelay.web_config import BasicAuth
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl

@@ -1,0 +1,225 @@
+"""A node's page of the operator page (``GET /ui/nodes/{node}``): its facts, its GPUs with
+small charts of their recent values (inline SVG polylines, no style attributes: the CSP
+forbids them), its GPU processes and its recent errors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloud_gateway.ui_fleet import Row
+from cloud_gateway.ui_html import ago, esc, expiry, mib, page, pct, utc
+from gpurelay.model import GpuInventory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuRow:
+    index: str
+    model: str
+    uuid: str
+    pci_bus_id: str
+    healthy: bool
+    util: float | None
+    mem_used: float | None
+    mem_total: float | None
+    recent_util: list[float] = field(default_factory=list)
+    recent_mem: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessRow:
+    gpu: str
+    pid: str
+    name: str
+    kind: str
+    namespace: str
+    pod: str
+    container: str
+    mem_mib: float
+    sm_util: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodePage:
+    row: Row
+    backend: str
+    remote: str
+    connected_since: float | None
+    interval_seconds: float
+    gpus: list[GpuRow]
+    processes: list[ProcessRow]
+    errors: list[tuple[float, str]]
+    last_disconnect_reason: str
+    samples: int
+
+    @classmethod
+    def elsewhere(
+        cls, doc: Mapping[str, Any], gpus: Sequence[GpuInventory], now: float
+    ) -> NodePage:
+        """A node another gateway holds: what the directory says, no live values."""
+        row = Row(
+            name=doc["name"],
+            state=doc["state"],
+            gateway=doc["gateway"] or None,
+            gpu_count=doc["gpu_count"],
+            gpu_models=tuple(doc["gpu_models"]),
+            util=(),
+            mem_used=None,
+            mem_total=None,
+            last_seen=doc["last_seen"],
+            agent_version=doc["agent_version"],
+            cert_expires=doc["certificate_expires"],
+            spool_batches=None,
+            published=(),
+            now=now,
+            held=False,
+        )
+        rows = [
+            GpuRow(
+                index=str(g.index),
+                model=g.name,
+                uuid=g.uuid,
+                pci_bus_id=g.pci_bus_id,
+                healthy=g.healthy,
+                util=None,
+                mem_used=None,
+                mem_total=g.memory_total_bytes / 2**20 or None,
+            )
+            for g in gpus
+        ]
+        return cls(
+            row=row,
+            backend=doc["backend"],
+            remote=doc["remote"],
+            connected_since=None,
+            interval_seconds=doc["interval_seconds"],
+            gpus=rows,
+            processes=[],
+            errors=[],
+            last_disconnect_reason=doc["last_disconnect_reason"] or "",
+            samples=0,
+        )
+
+
+SPARK_W, SPARK_H = 120, 28
+
+
+def sparkline(values: Sequence[float], top: float | None, what: str, cls: str = "") -> str:
+    """An inline SVG polyline of ``values`` (oldest first) from 0 to ``top`` (None: their
+    maximum); a NaN breaks the line. "—" with fewer than two values."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(values) < 2 or len(finite) < 2:
+        return '<span class="muted">—</span>'
+    high = top if top and top > 0 else max(*finite, 1.0)
+    step = SPARK_W / (len(values) - 1)
+    lines: list[list[str]] = [[]]
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            if lines[-1]:
+                lines.append([])
+            continue
+        y = SPARK_H - 1 - (SPARK_H - 2) * min(max(v / high, 0.0), 1.0)
+        lines[-1].append(f"{i * step:.1f},{y:.1f}")
+    polylines = "".join(f'<polyline points="{" ".join(p)}"/>' for p in lines if p)
+    label = (
+        f"{what}: last {finite[-1]:.0f}, min {min(finite):.0f}, max {max(finite):.0f} "
+        f"over {len(values)} samples"
+    )
+    return (
+        f'<svg class="spark {cls}" width="{SPARK_W}" height="{SPARK_H}" '
+        f'viewBox="0 0 {SPARK_W} {SPARK_H}" role="img" aria-label="{esc(label)}">'
+        f"<title>{esc(label)}</title>{polylines}</svg>"
+    )
+
+
+def _summary(p: NodePage) -> str:
+    r = p.row
+    cert, cert_cls = expiry(r.cert_expires, r.now)
+    items = [
+        ("State", f'<span class="{esc(r.state)}">{esc(r.state)}</span>'),
+        *([("Gateway", esc(r.gateway))] if r.gateway else []),
+        (
+            "Last seen",
+            "—" if r.last_seen is None else f"{ago(r.now - r.last_seen)} ({utc(r.last_seen)})",
+        ),
+        ("Connected since", "—" if p.connected_since is None else utc(p.connected_since)),
+        ("Agent", esc(r.agent_version or "—")),
+        ("Backend", esc(p.backend or "—")),
+        ("Address", esc(p.remote or "—")),
+        ("Interval", f"{p.interval_seconds:g} s"),
+        ("Certificate expires", f'<span class="{cert_cls}">{cert}</span>'),
+        ("Spool backlog", "—" if r.spool_batches is None else f"{r.spool_batches:.0f} batches"),
+        ("Published endpoints", ", ".join(f"<code>{esc(e)}</code>" for e in r.published) or "—"),
+        ("Last disconnect", esc(p.last_disconnect_reason or "—")),
+    ]
+    return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _gpus(p: NodePage) -> str:
+    rows = []
+    for g in p.gpus:
+        health = "" if g.healthy else ' <span class="bad">unhealthy</span>'
+        rows.append(
+            f'<tr data-gpu="{esc(g.index)}"><td>{esc(g.index)}</td><td>{esc(g.model)}{health}</td>'
+            f"<td><code>{esc(g.uuid)}</code><br><code>{esc(g.pci_bus_id)}</code></td>"
+            f'<td class="num">{pct(g.util)}</td>'
+            f'<td class="num">{mib(g.mem_used)} of {mib(g.mem_total)}</td>'
+            f"<td>{sparkline(g.recent_util, 100.0, 'utilisation %')}</td>"
+            f"<td>{sparkline(g.recent_mem, g.mem_total, 'memory used MiB', 'mem')}</td></tr>"
+        )
+    return (
+        '<table id="gpus"><thead><tr><th>GPU</th><th>Model</th><th>UUID / PCI</th>'
+        "<th>Utilisation</th><th>Memory</th><th>Utilisation, recent</th>"
+        f"<th>Memory, recent</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _processes(p: NodePage) -> str:
+    if not p.processes:
+        return '<p class="muted">No GPU processes reported.</p>'
+    rows = "".join(
+        f"<tr><td>{esc(q.gpu)}</td><td>{esc(q.pid)}</td><td>{esc(q.name)}</td>"
+        f"<td>{esc(q.kind)}</td><td>{esc(q.namespace or '—')}</td><td>{esc(q.pod or '—')}</td>"
+        f'<td>{esc(q.container or "—")}</td><td class="num">{mib(q.mem_mib)}</td>'
+        f'<td class="num">{pct(q.sm_util)}</td></tr>'
+        for q in p.processes
+    )
+    return (
+        '<table id="processes"><thead><tr><th>GPU</th><th>PID</th><th>Process</th><th>Type</th>'
+        "<th>Namespace</th><th>Pod</th><th>Container</th><th>Memory</th><th>SM</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _errors(p: NodePage) -> str:
+    if not p.errors:
+        return '<p class="muted">None.</p>'
+    rows = "".join(f"<tr><td>{utc(t)}</td><td>{esc(m)}</td></tr>" for t, m in p.errors)
+    return (
+        '<table id="errors"><thead><tr><th>Time</th><th>Error</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
+    )
+
+
+def node_html(p: NodePage) -> str:
+    r = p.row
+    where = ""
+    if not r.held and r.gateway:
+        where = (
+            f'<p class="warn">Held by gateway {esc(r.gateway)}: live values, processes '
+            "and charts are on that gateway's page.</p>"
+        )
+    elif not r.held:
+        where = (
+            '<p class="warn">Known from this gateway\'s inventory of an earlier run: no '
+            "live values until it connects again.</p>"
+        )
+    recent = f"last {p.samples} batches" if p.samples else "no batches yet"
+    return page(
+        f"{r.name} · edge-gpu-relay",
+        f'<p><a href="/ui">← Fleet</a></p><h1>{esc(r.name)}</h1>{where}{_summary(p)}'
+        f'<h2>GPUs</h2><p class="muted">Charts: {recent} seen by this gateway.</p>{_gpus(p)}'
+        f"<h2>Processes</h2>{_processes(p)}<h2>Recent errors</h2>{_errors(p)}",
+    )
