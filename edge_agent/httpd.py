@@ -265,7 +265,7 @@ class HttpServer:
         if "transfer-encoding" in headers:
             raise BadRequest(411, "a request body must come with Content-Length")
         length = headers.get("content-length", "0")
-        if not length.isdigit() or len(length) > 18:
+        if not (length.isascii() and length.isdigit()) or len(length) > 18:  # "²".isdigit()
             raise BadRequest(400, "malformed Content-Length")
         size = int(length)
         if size > MAX_BODY:

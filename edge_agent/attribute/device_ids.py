@@ -76,7 +76,7 @@ class DeviceIndex:
         if base.startswith("GPU-"):
             gpu = self._by_uuid.get(base)
             return None if gpu is None else Target(gpu)
-        if base.isdigit():
+        if base.isascii() and base.isdigit() and len(base) <= 9:  # "²".isdigit(): int() fails
             gpu = self._by_index.get(str(int(base)))
             return None if gpu is None else Target(gpu)
         gke = _GKE.match(base)

@@ -90,6 +90,7 @@ async def test_keep_alive_pipelining_head_and_gzip(served: Served) -> None:
         (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", 400),
         (b"GET /metrics HTTP/1.1\r\n folded: x\r\n\r\n", 400),
         (b"GET /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),  # isdigit, not int
         (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
         (b"GET metrics HTTP/1.1\r\n\r\n", 400),
         (b"GET /metrics HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),

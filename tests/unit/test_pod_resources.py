@@ -233,6 +233,26 @@ def test_unknown_device_ids_are_counted_and_logged_once(
         pods.close()
 
 
+def test_device_ids_of_non_ascii_or_endless_digits_are_unknown_not_a_crash(
+    kubelet: PodResourcesServer, gpus: list[GpuDevice]
+) -> None:
+    """str.isdigit() is True for "²" (int() refuses it) and for 5,000 ASCII digits (int()
+    refuses over 4,300): both are unknown ids, and the other rows are still read."""
+    kubelet.set_rows(
+        [
+            row("ml", "a", "c", "nvidia.com/gpu", "\N{SUPERSCRIPT TWO}"),
+            row("ml", "a", "c", "nvidia.com/gpu", "9" * 5000),
+            row("ml", "b", "c", "nvidia.com/gpu", gpus[1].uuid),
+        ]
+    )
+    pods = pods_of(kubelet, gpus)
+    try:
+        assert pods.device_labels(gpus[1].uuid) == pod("b", "ml", "c")
+        assert pods.errors == {"unknown_device": 2}
+    finally:
+        pods.close()
+
+
 def test_other_resources_are_ignored_and_extra_gpu_names_are_taken(
     kubelet: PodResourcesServer, gpus: list[GpuDevice]
 ) -> None:
