@@ -19,15 +19,14 @@ reason reported is the most telling one:
 =====================  ============================================================
 
 Certificates made with plain ``ssh-keygen -s`` are judged exactly like ours: the facts are
-read from the certificate's wire encoding (:func:`certificate_info`), not from how we issue.
+read from the certificate's wire encoding (:func:`gpurelay.ssh_cert.certificate_info`), not
+from how we issue.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.errors import CertError, InvalidNodeName
+from gpurelay.ssh_cert import CERT_TYPE_HOST, CERT_TYPE_USER, FOREVER, certificate_info
 
 if TYPE_CHECKING:  # revocation.py imports the node-name rule from here
     from cloud_gateway.revocation import RevocationList
@@ -53,9 +53,6 @@ REASONS: tuple[str, ...] = (
 )
 """Every reason code :func:`check_user_certificate` can return, in the order it checks."""
 
-CERT_TYPE_USER = 1
-CERT_TYPE_HOST = 2
-FOREVER = 0xFFFF_FFFF_FFFF_FFFF  # OpenSSH's valid_before for "no expiry"
 MAX_NODE_NAME = 63
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -90,70 +87,6 @@ def validate_node_name(name: str) -> str:
     if problem is not None:
         raise InvalidNodeName(f"node name {name!r} is not a DNS-1123 label: {problem}")
     return name
-
-
-# -- certificate facts ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class CertInfo:
-    """What an OpenSSH certificate says, read from its wire encoding (PROTOCOL.certkeys)."""
-
-    cert_type: int
-    serial: int
-    key_id: str
-    principals: tuple[str, ...]
-    valid_after: int
-    valid_before: int
-    key_fingerprint: str
-    ca_fingerprint: str
-
-    @property
-    def is_user(self) -> bool:
-        return self.cert_type == CERT_TYPE_USER
-
-
-def certificate_info(cert: SSHOpenSSHCertificate) -> CertInfo:
-    """Serial, type, key id and validity of ``cert``.
-
-    asyncssh keeps these in private attributes, so they are decoded here from the public
-    blob: ``string algorithm, string nonce, <public key fields>, uint64 serial, uint32 type,
-    string key_id, string principals, uint64 valid_after, uint64 valid_before, ...``. The
-    public key fields are byte for byte those of the certified key's own public blob after
-    its algorithm name, whatever the key type, which is how they are skipped.
-    """
-    blob = cert.public_data
-    _, pos = _string(blob, 0)  # certificate algorithm
-    _, pos = _string(blob, pos)  # nonce
-    key_blob = cert.key.public_data
-    _, key_fields_at = _string(key_blob, 0)  # key algorithm
-    key_fields = key_blob[key_fields_at:]
-    if blob[pos : pos + len(key_fields)] != key_fields:
-        raise ValueError("certificate does not embed its own public key where expected")
-    pos += len(key_fields)
-    serial, cert_type = struct.unpack_from(">QI", blob, pos)
-    key_id, pos = _string(blob, pos + 12)
-    _, pos = _string(blob, pos)  # principals: asyncssh has decoded them already
-    valid_after, valid_before = struct.unpack_from(">QQ", blob, pos)
-    return CertInfo(
-        cert_type=cert_type,
-        serial=serial,
-        key_id=key_id.decode("utf-8", errors="replace"),
-        principals=tuple(cert.principals),
-        valid_after=valid_after,
-        valid_before=valid_before,
-        key_fingerprint=cert.key.get_fingerprint("sha256"),
-        ca_fingerprint=cert.signing_key.get_fingerprint("sha256"),
-    )
-
-
-def _string(blob: bytes, pos: int) -> tuple[bytes, int]:
-    (length,) = struct.unpack_from(">I", blob, pos)
-    start = pos + 4
-    end = start + length
-    if end > len(blob):
-        raise ValueError("truncated certificate")
-    return blob[start:end], end
 
 
 # -- the policy ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """When each node's SSH user certificate expires: the gauge, the API field, the warnings.
 
 The expiry is the certificate's ``valid_before`` as the gateway saw it at authentication
-(:func:`cloud_gateway.auth_policy.certificate_info`), for every node this gateway knows:
+(:func:`gpurelay.ssh_cert.certificate_info`), for every node this gateway knows:
 the nodes connected now, those it held in this run (offline, until the registry forgets
 them), and, for a single gateway with an inventory, the nodes the inventory recorded
 before a restart (their ``cert_valid_before`` fact). With several gateways each one
@@ -27,8 +27,8 @@ from typing import Final
 
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway.auth_policy import FOREVER, certificate_info
 from gpurelay.model import Family, Sample
+from gpurelay.ssh_cert import FOREVER, certificate_info
 
 log = logging.getLogger("cloud_gateway.certificates")
 

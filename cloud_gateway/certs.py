@@ -37,7 +37,6 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.auth_policy import (
-    certificate_info,
     format_time,
     is_node_name,
     node_name_problem,
@@ -45,6 +44,8 @@ from cloud_gateway.auth_policy import (
 )
 from cloud_gateway.errors import CaExistsError, CaNotFoundError, CertError, InvalidInput
 from cloud_gateway.revocation import RevocationList, Rule, normalize_fingerprint
+from gpurelay.files import write_atomic
+from gpurelay.ssh_cert import certificate_info
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -156,7 +157,7 @@ def init_ca(dir: Path) -> CaPaths:
         _write_new(key_path, key.export_private_key(), 0o600)
         _write_new(pub_path, key.export_public_key(), 0o644)
     host_ca_line = paths.host_ca_pub.read_text(encoding="ascii").strip()
-    _write_replace(paths.known_hosts, f"@cert-authority * {host_ca_line}\n".encode(), 0o644)
+    write_atomic(paths.known_hosts, f"@cert-authority * {host_ca_line}\n".encode(), 0o644)
     if not paths.revocations.exists():
         _write_new(paths.revocations, REVOCATIONS_HEADER.encode(), 0o644)
     return paths
@@ -199,7 +200,7 @@ def _next_serial(paths: CaPaths) -> int:
     if not text.isdigit():
         raise CertError(f"serial counter {paths.serial} holds {text[:20]!r}, not a number")
     serial = int(text) + 1
-    _write_replace(paths.serial, f"{serial}\n".encode(), 0o644)
+    write_atomic(paths.serial, f"{serial}\n".encode(), 0o644)
     return serial
 
 
@@ -289,7 +290,7 @@ def _issue(
         )  # fmt: skip
         log_issued(paths, cert, reason="issue-gateway" if host else "issue-node")
     cert_path = out_dir / f"{name}-cert.pub"
-    _write_replace(cert_path, cert.export_certificate(), 0o644)
+    write_atomic(cert_path, cert.export_certificate(), 0o644)
     return Credentials(
         name=name,
         private_key=private_path if private_path.exists() else None,
@@ -481,19 +482,4 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
             os.fsync(handle.fileno())
     except BaseException:
         path.unlink(missing_ok=True)
-        raise
-
-
-def _write_replace(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` atomically (readers see the old or the new file, never half)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
         raise

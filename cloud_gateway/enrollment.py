@@ -56,6 +56,7 @@ from gpurelay.enrollment import (
     parse_token,
     verify_token,
 )
+from gpurelay.logs import node_logger
 
 if TYPE_CHECKING:
     from cloud_gateway.directory_link import DirectoryLink
@@ -126,7 +127,7 @@ class NonceStore(Protocol):
 
 
 def node_log(node: str) -> logging.Logger:
-    return log.getChild(f"node.{node}")
+    return node_logger(log, node)
 
 
 class Enrollment:

@@ -36,11 +36,11 @@ from typing import Any
 import asyncssh
 
 from cloud_gateway import certs
-from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.errors import GatewayError
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.signing import Issued, SigningRefused, parse_public_key, sign_node_key
 from gpurelay import logs
+from gpurelay.ssh_cert import certificate_info
 
 log = logging.getLogger("cloud_gateway.signer")
 
@@ -246,7 +246,7 @@ def _issued(text: object, node: str, key: asyncssh.SSHKey, where: Path) -> Issue
     """What the signer's certificate says, checked: for ``key`` and ``node`` only."""
     try:
         cert = asyncssh.import_certificate(str(text))
-        info = certificate_info(cert)  # type: ignore[arg-type]
+        info = certificate_info(cert)
     except (asyncssh.KeyImportError, ValueError, TypeError, AttributeError) as exc:
         raise SignerUnavailable(f"signer {where} answered no certificate: {exc}") from None
     if cert.key.public_data != key.public_data or info.principals != (node,):

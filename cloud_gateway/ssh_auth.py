@@ -25,13 +25,14 @@ from cloud_gateway.endpoints import EndpointTable, PublishedListener
 from cloud_gateway.enrollment import Enrollment, EnrollmentLogin
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from gpurelay.asyncssh_hooks import hook_certificate_validation, hook_undecodable_certificate
+from gpurelay.logs import node_logger
 
 log = logging.getLogger("cloud_gateway.ssh_server")  # the server's lines, wherever written
 
 
 def node_log(node: str) -> logging.Logger:
     """A child logger per node, so every line says which node it is about."""
-    return log.getChild(f"node.{node}")
+    return node_logger(log, node)
 
 
 @dataclass

@@ -2,15 +2,14 @@
 
 Shared by enrollment (:mod:`edge_agent.enroll`), renewal (:mod:`edge_agent.renew`) and the
 tunnel, which reads them again before every connection. A file is always replaced whole
-(:func:`write_atomic`); a new key is swapped in crash-safely (see :func:`load_pair`).
+(:func:`gpurelay.files.write_atomic`); a new key is swapped in crash-safely (see
+:func:`load_pair`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,47 +17,10 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from edge_agent.errors import AgentError
+from gpurelay.files import sync_dir
+from gpurelay.ssh_cert import FOREVER
 
 log = logging.getLogger(__name__)
-
-FOREVER = 0xFFFF_FFFF_FFFF_FFFF  # OpenSSH's valid_before for "no expiry"
-
-
-# -- files -----------------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` by ``data`` with ``mode`` so that a reader sees the old file or the
-    new one, never half of either, even across a crash: a temporary file in the same
-    directory (``mode`` from its first byte), fsync, rename, fsync of the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)  # O_CREAT's mode passed through the umask
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    sync_dir(path.parent)
-
-
-def sync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (best effort where a directory cannot be
-    opened for that)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def expiry_text(valid_before: int) -> str:
@@ -67,44 +29,11 @@ def expiry_text(valid_before: int) -> str:
     return datetime.fromtimestamp(valid_before, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-@dataclass(frozen=True, slots=True)
-class CertValidity:
-    serial: int
-    valid_after: int
-    valid_before: int
-
-
 def openssh_certificate(cert: asyncssh.SSHCertificate) -> SSHOpenSSHCertificate:
     """``cert`` as the OpenSSH certificate a node uses (not X.509), else ValueError."""
     if not isinstance(cert, SSHOpenSSHCertificate):
         raise ValueError("not an OpenSSH certificate")
     return cert
-
-
-def cert_validity(cert: asyncssh.SSHCertificate) -> CertValidity:
-    """Serial and validity of an OpenSSH certificate, from its wire encoding
-    (PROTOCOL.certkeys: ``string alg, string nonce, <key fields>, uint64 serial, uint32
-    type, string key_id, string principals, uint64 valid_after, uint64 valid_before``);
-    asyncssh keeps them private. The key fields are those of the key's own blob."""
-    blob = cert.public_data
-    pos = _skip_string(blob, _skip_string(blob, 0))
-    key_blob = cert.key.public_data
-    key_fields = key_blob[_skip_string(key_blob, 0) :]
-    if blob[pos : pos + len(key_fields)] != key_fields:
-        raise ValueError("certificate does not embed its own public key where expected")
-    pos += len(key_fields)
-    (serial,) = struct.unpack_from(">Q", blob, pos)
-    pos = _skip_string(blob, _skip_string(blob, pos + 12))  # key id, principals
-    valid_after, valid_before = struct.unpack_from(">QQ", blob, pos)
-    return CertValidity(serial=serial, valid_after=valid_after, valid_before=valid_before)
-
-
-def _skip_string(blob: bytes, pos: int) -> int:
-    (length,) = struct.unpack_from(">I", blob, pos)
-    end = pos + 4 + length
-    if end > len(blob):
-        raise ValueError("truncated certificate")
-    return int(end)
 
 
 def next_key_path(key: Path) -> Path:

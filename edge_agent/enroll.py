@@ -30,10 +30,8 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 
 from edge_agent.config import TunnelConfig, gateway_host_port
 from edge_agent.credentials import (
-    cert_validity,
     expiry_text,
     openssh_certificate,
-    write_atomic,
 )
 from edge_agent.dial import PathSilent
 from edge_agent.errors import AgentError, ConfigError
@@ -45,7 +43,9 @@ from gpurelay.enrollment import (
     enroll_username,
     parse_token,
 )
+from gpurelay.files import write_atomic
 from gpurelay.settings import SettingsError
+from gpurelay.ssh_cert import certificate_info
 
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 ENROLL_TIMEOUT_SECONDS = 30.0
@@ -244,7 +244,7 @@ async def enroll(
         cfg.known_hosts.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         write_atomic(cfg.known_hosts, line, 0o644)
         wrote = True
-    validity = cert_validity(certificate)
+    validity = certificate_info(certificate)
     return Enrolled(
         node=node,
         key=cfg.key,

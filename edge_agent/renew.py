@@ -25,18 +25,15 @@ import asyncssh
 
 from edge_agent.config import TunnelConfig
 from edge_agent.credentials import (
-    FOREVER,
-    CertValidity,
-    cert_validity,
     expiry_text,
     next_key_path,
     openssh_certificate,
-    sync_dir,
-    write_atomic,
 )
 from edge_agent.errors import AgentError
 from gpurelay.enrollment import EXIT_OK, RENEW_SUBSYSTEM, renew_due
+from gpurelay.files import sync_dir, write_atomic
 from gpurelay.model import Family, SampleSink
+from gpurelay.ssh_cert import FOREVER, CertInfo, certificate_info
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +92,7 @@ class Renewer:
         self._cert_path = cfg.certificate_path
         self._node = node
         self._clock = clock
-        self._validity: CertValidity | None = None
+        self._validity: CertInfo | None = None
         self._start = 0.0  # where its lifetime counts from (see loaded)
         self._not_before = 0.0  # no attempt before this (after a failure)
         self._last_reason, self._last_warned = "", 0.0
@@ -110,7 +107,7 @@ class Renewer:
         behind), and with a short lifetime the two-thirds point of a backdated one can lie
         before it was issued, which would renew it again at once, in a loop."""
         try:
-            self._validity = v = cert_validity(cert)
+            self._validity = v = certificate_info(cert)
         except (ValueError, struct.error):
             self._validity = None
             self.stats.expiry = None
@@ -202,7 +199,7 @@ class Renewer:
             )
         try:
             cert = openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
-            validity = cert_validity(cert)
+            validity = certificate_info(cert)
         except (asyncssh.KeyImportError, ValueError, struct.error) as exc:
             raise RenewalFailed(f"the gateway answered no certificate: {exc}") from exc
         if cert.key.public_data != key.public_data or list(cert.principals) != [self._node]:

@@ -109,6 +109,12 @@ class JsonFormatter(logging.Formatter):
         return line
 
 
+def node_logger(parent: logging.Logger, node: str) -> logging.Logger:
+    """``parent``'s child logger for ``node`` (``PARENT.node.NAME``), so that every line
+    says which node it is about; a JSON line reads its ``node`` field from that name."""
+    return parent.getChild(f"node.{node}")
+
+
 def rfc3339(created: float) -> str:
     """``2026-11-24T10:09:54.123Z``: UTC with milliseconds."""
     seconds = int(created)

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.certs import Credentials
 from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.nodes_cli import run_nodes
+from gpurelay.ssh_cert import certificate_info
 from harness.fleet import (
     TOKEN,
     Pki,

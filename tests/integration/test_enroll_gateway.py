@@ -23,12 +23,12 @@ import pytest
 
 from cloud_gateway import certs
 from cloud_gateway.app import Gateway
-from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.enrollment import EnrollSection
 from cloud_gateway.signing import SigningRefused, make_enroll_token
 from gpurelay.enrollment import ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM, sign_token
+from gpurelay.ssh_cert import certificate_info
 from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello
 from harness.fleet import (
     Pki,

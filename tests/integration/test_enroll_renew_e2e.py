@@ -25,8 +25,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from edge_agent.credentials import cert_validity
 from gpurelay.enrollment import sign_token
+from gpurelay.ssh_cert import certificate_info
 from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
 from harness.process import ROOT, Process, clean_env
 from harness.prometheus import Receiver, assert_nothing_lost
@@ -149,7 +149,7 @@ def test_enroll_then_renew_over_the_tunnel_without_a_gap(
         assert rc == 0, out + gateway.tail()
         print(out)
         enrolled = asyncssh.read_certificate(str(cert))
-        first = cert_validity(enrolled)
+        first = certificate_info(enrolled)
         assert f"serial {first.serial}" in out
         assert first.valid_before - time.time() <= LIFETIME_SECONDS
         assert list(enrolled.principals) == [NODE]  # type: ignore[attr-defined]
@@ -163,7 +163,7 @@ def test_enroll_then_renew_over_the_tunnel_without_a_gap(
         # The same token again: refused by the gateway, which says why in its log.
         rc, out = edge_agent_enroll(config, gateway, tmp_path / "node.token")
         one_line_error(rc, out, 1, "refused the token for node edge-enrolled", "already used")
-        assert cert_validity(asyncssh.read_certificate(str(cert))) == first  # untouched
+        assert certificate_info(asyncssh.read_certificate(str(cert))) == first  # untouched
         log_text = logged(gateway)
         assert re.search(r"edge-enrolled.*(already used|used already)", log_text), log_text
         assert (tmp_path / "node.token").read_text().strip() not in log_text
@@ -183,7 +183,7 @@ def test_enroll_then_renew_over_the_tunnel_without_a_gap(
             "a renewal over the tunnel",
             poll=1.0,
         )
-        renewed = cert_validity(asyncssh.read_certificate(str(cert)))
+        renewed = certificate_info(asyncssh.read_certificate(str(cert)))
         assert renewed.serial > first.serial
         assert renewed.valid_before > first.valid_before
         wait_until(
@@ -266,7 +266,7 @@ async def test_renewal_with_a_new_key_swaps_key_and_certificate(tmp_path: Path) 
             assert new_cert.key.public_data == new_key.public_data
             assert not (edge / "node.key.next").exists()
             assert stat.S_IMODE(key.stat().st_mode) == 0o600
-            v = cert_validity(new_cert)
+            v = certificate_info(new_cert)
             assert v.serial != 900 and v.valid_before >= now + 600 - 5
             assert renewer.stats.expiry == v.valid_before
             assert tunnel.stats.connected and tunnel.stats.connects >= 2

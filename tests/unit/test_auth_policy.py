@@ -16,7 +16,6 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway import certs
 from cloud_gateway.auth_policy import (
     REASONS,
-    certificate_info,
     check_user_certificate,
     describe,
     load_trusted_cas,
@@ -25,6 +24,7 @@ from cloud_gateway.auth_policy import (
 )
 from cloud_gateway.errors import CertError, InvalidNodeName
 from cloud_gateway.revocation import RevocationList
+from gpurelay.ssh_cert import certificate_info
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 needs_ssh_keygen = pytest.mark.skipif(

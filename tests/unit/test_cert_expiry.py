@@ -11,7 +11,6 @@ import asyncssh
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway.auth_policy import FOREVER
 from cloud_gateway.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry, expiry_of
 from cloud_gateway.directory import DirectoryError, NodeFacts
 from cloud_gateway.exposition import Exposition
@@ -19,6 +18,7 @@ from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.ingest import IngestStats
 from cloud_gateway.nodes_cli import render_table
 from cloud_gateway.registry import Registry
+from gpurelay.ssh_cert import FOREVER
 from tests.promtool_support import unexpected_findings
 
 NOW = 1_800_000_000

@@ -16,7 +16,6 @@ import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway import certs
-from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.cli_certs import add_certs_parser, run_certs
 from cloud_gateway.errors import (
     CaExistsError,
@@ -27,6 +26,7 @@ from cloud_gateway.errors import (
     RevocationFileError,
 )
 from cloud_gateway.revocation import RevocationList, Rule
+from gpurelay.ssh_cert import certificate_info
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 needs_ssh_keygen = pytest.mark.skipif(

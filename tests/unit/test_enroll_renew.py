@@ -18,12 +18,7 @@ import pytest
 
 from edge_agent.cli import main
 from edge_agent.config import TunnelConfig, load
-from edge_agent.credentials import (
-    cert_validity,
-    load_pair,
-    next_key_path,
-    write_atomic,
-)
+from edge_agent.credentials import load_pair, next_key_path
 from edge_agent.enroll import (
     EnrollRefused,
     check_fingerprint,
@@ -34,6 +29,7 @@ from edge_agent.enroll import (
 from edge_agent.errors import AgentError, ConfigError
 from edge_agent.renew import RETRY_SECONDS, Renewer
 from gpurelay.enrollment import ENROLL_USER_PREFIX, sign_token
+from gpurelay.files import write_atomic
 from gpurelay.model import Family
 
 NODE = "edge-7"
@@ -128,19 +124,6 @@ def test_node_key_that_is_no_key_is_a_config_error(tmp_path: Path) -> None:
 
 
 # -- certificates ------------------------------------------------------------------------------
-
-
-def test_cert_validity_reads_serial_and_validity(ca: asyncssh.SSHKey) -> None:
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    cert = user_cert(ca, key, valid_after=1_000, valid_before=4_000, serial=77)
-    v = cert_validity(cert)
-    assert (v.serial, v.valid_after, v.valid_before) == (77, 1_000, 4_000)
-
-
-def test_cert_validity_of_an_rsa_key(ca: asyncssh.SSHKey) -> None:
-    key = asyncssh.generate_private_key("ssh-rsa", key_size=2048)
-    cert = user_cert(ca, key, valid_after=10, valid_before=20, serial=3)
-    assert cert_validity(cert).valid_before == 20
 
 
 def test_load_pair_refuses_a_certificate_for_another_key(

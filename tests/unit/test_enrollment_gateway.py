@@ -16,7 +16,6 @@ import asyncssh
 import pytest
 
 from cloud_gateway import certs, enrollment
-from cloud_gateway.auth_policy import certificate_info
 from cloud_gateway.cli import main
 from cloud_gateway.config import load
 from cloud_gateway.directory_nonces import MemoryNonces
@@ -27,6 +26,7 @@ from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.signer import SignerServer, SocketSigner
 from cloud_gateway.signing import LocalSigner, SigningRefused, make_enroll_token, sign_node_key
 from gpurelay.enrollment import parse_token, verify_token
+from gpurelay.ssh_cert import certificate_info
 from tests.conftest import required_tool
 
 

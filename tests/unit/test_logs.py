@@ -98,11 +98,13 @@ def test_the_exception_is_a_field_on_the_same_line(root: logging.Logger) -> None
 
 def test_the_node_is_a_field_wherever_the_record_names_it(root: logging.Logger) -> None:
     stream = configure(root, log_format="json", environ={}, fields={"gateway": "gw-a"})
-    logging.getLogger("cloud_gateway.ssh_server.node.edge-7.example.com").info("published")
+    gateway_log = logging.getLogger("cloud_gateway.ssh_server")
+    logs.node_logger(gateway_log, "edge-7.example.com").info("published")
     logging.LoggerAdapter(logging.getLogger("edge_agent.tunnel"), {"node": "edge-8"}).info("up")
     logging.getLogger("cloud_gateway.http").info("GET", extra={"client": "10.0.0.9:41234"})
     logging.getLogger("cloud_gateway").info("other", extra={"gateway": "gw-b"})
     a, b, c, d = lines(stream)
+    assert a["logger"] == "cloud_gateway.ssh_server.node.edge-7.example.com"
     assert (a["node"], a["gateway"]) == ("edge-7.example.com", "gw-a")
     assert b["node"] == "edge-8"
     assert "node" not in c and c["client"] == "10.0.0.9:41234"
