@@ -124,6 +124,7 @@ class AgentProc(Process):
     :attr:`harness.netns.Uplink.prefix` to run it in the edge namespace (its local HTTP,
     ``url`` and :meth:`metric`, is then inside that namespace, out of this one's reach).
     ``address``: HOST:PORT to dial instead of ``gateway``'s (a balancer in front of it);
+    ``addresses``: a list of them instead (``[gateway] addresses``, no balancer);
     ``credentials``: its key and certificate files (an enrolled node's) instead of a
     certificate issued here."""
 
@@ -132,17 +133,24 @@ class AgentProc(Process):
         pki: Pki,
         tmp: Path,
         node: str,
-        gateway: GatewayProc,
+        gateway: GatewayProc | None,
         *,
         spool_dir: Path,
         replay_rate: float = 50.0,
         max_in_flight: float = 64,
         prefix: Sequence[str] = (),
         address: str = "",
+        addresses: Sequence[str] = (),
         credentials: tuple[Path, Path] | None = None,
     ) -> None:
         key, certificate = credentials or _issued(pki, node)
-        address = address or f"{gateway.ssh_host}:{gateway.ssh_port}"
+        if addresses:
+            dial = "addresses = [" + ", ".join(f'"{a}"' for a in addresses) + "]"
+        else:
+            if not address:
+                assert gateway is not None, "an agent needs a gateway, an address or addresses"
+                address = f"{gateway.ssh_host}:{gateway.ssh_port}"
+            dial = f'address = "{address}"'
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         config = tmp / f"agent-{node}.toml"
@@ -158,7 +166,7 @@ seed = 11
 processes_per_gpu = 2
 
 [gateway]
-address = "{address}"
+{dial}
 known_hosts = "{pki.ca.known_hosts}"
 key = "{key}"
 certificate = "{certificate}"

@@ -11,7 +11,6 @@ every collection (harness/prometheus.completeness), before, during and after the
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,54 +21,20 @@ import pytest
 from edge_agent.dial import first_index
 from harness.fleet import Pki, make_pki
 from harness.ports import free_ports
-from harness.process import Process, clean_env
+from harness.process import Process
 from harness.prometheus import Receiver, assert_nothing_lost, completeness, running_receiver
-from harness.services import GatewayProc
+from harness.services import AgentProc, GatewayProc
 from harness.waiting import wait_until
 
 # A node name whose place in a list of three is the first: it dials the dead port first.
 NODE = next(n for n in (f"edge-list-{i}" for i in range(100)) if first_index(n, 3) == 0)
 
 
-class ListAgent(Process):
+class ListAgent(AgentProc):
     """The agent binary with a list of gateway addresses (2 simulated GPUs, 1 s interval)."""
 
     def __init__(self, pki: Pki, tmp: Path, addresses: list[str]) -> None:
-        creds = pki.node(NODE)
-        (self.port,) = free_ports(1)
-        self.url = f"http://127.0.0.1:{self.port}"
-        listed = ", ".join(f'"{a}"' for a in addresses)
-        config = tmp / "agent.toml"
-        config.write_text(
-            f"""node_name = "{NODE}"
-listen = "127.0.0.1:{self.port}"
-interval_seconds = 1.0
-process_interval_seconds = 1.0
-
-[simulate]
-gpus = 2
-seed = 11
-processes_per_gpu = 2
-
-[gateway]
-addresses = [{listed}]
-known_hosts = "{pki.ca.known_hosts}"
-key = "{creds.private_key}"
-certificate = "{creds.certificate}"
-backoff_initial_seconds = 0.2
-backoff_max_seconds = 1.0
-connect_timeout_seconds = 5.0
-
-[spool]
-directory = "{tmp / "spool"}"
-"""
-        )
-        super().__init__(
-            f"agent {NODE}",
-            [sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
-            tmp / "agent.log",
-            clean_env("EDGE_AGENT_"),
-        )
+        super().__init__(pki, tmp, NODE, None, spool_dir=tmp / "spool", addresses=addresses)
 
     def series(self) -> dict[str, float]:
         """The agent's own /metrics: ``name{labels}`` -> value."""
