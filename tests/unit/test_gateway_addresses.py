@@ -19,12 +19,10 @@ from edge_agent.tunnel import Tunnel
 from edge_agent.tunnel_types import GatewayRefused, SessionEnded, TunnelError, Unanswered
 from gpurelay.wire import Hello
 from harness.fleet import make_pki
+from tests.unit.test_tunnel_backoff import Stop
+from tests.unit.test_tunnel_backoff import tunnel as backoff_tunnel
 
 GATEWAYS = [("gw-a", 2222), ("gw-b", 2222), ("gw-c", 2200)]
-
-
-class Stop(Exception):
-    """Ends Tunnel.run after the sleeps a test wants to see."""
 
 
 # -- the order ---------------------------------------------------------------------------
@@ -145,17 +143,7 @@ def test_addresses_need_a_key_and_known_hosts(tmp_path: Path) -> None:
 
 
 def tunnel(tmp_path: Path, node: str = "edge-a") -> Tunnel:
-    pki = make_pki(tmp_path)
-    creds = pki.node(node)
-    cfg = TunnelConfig(
-        addresses=tuple(f"{h}:{p}" for h, p in GATEWAYS),
-        known_hosts=pki.ca.known_hosts,
-        key=creds.private_key,
-        certificate=creds.certificate,
-        backoff_initial_seconds=1.0,
-        backoff_max_seconds=60.0,
-    )
-    return Tunnel(cfg, node=node, hello=lambda: Hello(agent_version="0", node=node))
+    return backoff_tunnel(tmp_path, node, addresses=tuple(f"{h}:{p}" for h, p in GATEWAYS))
 
 
 def ring(node: str) -> list[tuple[str, int]]:

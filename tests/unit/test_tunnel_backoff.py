@@ -11,6 +11,7 @@ import random
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,18 +27,19 @@ class Stop(Exception):
     """Ends Tunnel.run after the sleeps a test wants to see."""
 
 
-def tunnel(tmp_path: Path) -> Tunnel:
+def tunnel(tmp_path: Path, node: str = "edge-a", **where: Any) -> Tunnel:
+    """A tunnel of ``node`` dialling 127.0.0.1:9, or ``where`` (address= or addresses=)."""
     pki = make_pki(tmp_path)
-    creds = pki.node("edge-a")
+    creds = pki.node(node)
     cfg = TunnelConfig(
-        address="127.0.0.1:9",
+        **(where or {"address": "127.0.0.1:9"}),
         known_hosts=pki.ca.known_hosts,
         key=creds.private_key,
         certificate=creds.certificate,
         backoff_initial_seconds=1.0,
         backoff_max_seconds=60.0,
     )
-    return Tunnel(cfg, node="edge-a", hello=lambda: Hello(agent_version="0", node="edge-a"))
+    return Tunnel(cfg, node=node, hello=lambda: Hello(agent_version="0", node=node))
 
 
 async def test_a_session_that_worked_and_then_broke_starts_a_fresh_short_backoff(
