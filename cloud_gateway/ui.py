@@ -18,6 +18,8 @@ Authentication is the API's (``/ui`` is behind the same middleware,
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import math
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -33,10 +35,11 @@ from cloud_gateway.ui_history import (
     PROCESS_SM,
     SPOOL_BATCHES,
     UTIL,
+    gpu_order,
     per_gpu,
 )
 from cloud_gateway.ui_html import CSP, message_html
-from cloud_gateway.ui_node import GpuRow, NodePage, ProcessRow, node_html
+from cloud_gateway.ui_node import MAX_PROCESSES, GpuRow, NodePage, ProcessRow, node_html
 
 if TYPE_CHECKING:
     from cloud_gateway.http_state import HttpState
@@ -81,7 +84,7 @@ def held_row(state: HttpState, view: NodeView, now: float, gateway: str | None) 
         gateway=gateway,
         gpu_count=len(view.gpus),
         gpu_models=tuple(sorted({g.name for g in view.gpus})),
-        util=tuple(util[g] for g in sorted(util, key=_gpu_key)),
+        util=tuple(util[g] for g in sorted(util, key=gpu_order)),
         mem_used=sum(used.values()) if used else None,
         mem_total=sum(total.values()) if total else None,
         last_seen=view.last_seen,
@@ -147,7 +150,9 @@ def fleet_page(state: HttpState, request: web.Request) -> web.Response:
     )
 
 
-def _processes(state: HttpState, node: str) -> list[ProcessRow]:
+def _processes(state: HttpState, node: str) -> tuple[list[ProcessRow], int]:
+    """The :data:`MAX_PROCESSES` that use the most memory (NaN last), by GPU; and how many
+    the node reports."""
     sm = {_process_key(labels): value for labels, value in state.registry.latest(node, PROCESS_SM)}
     rows = []
     for labels, mem in state.registry.latest(node, PROCESS_MEM):
@@ -165,17 +170,20 @@ def _processes(state: HttpState, node: str) -> list[ProcessRow]:
                 sm_util=sm.get(_process_key(labels)),
             )
         )
-    rows.sort(key=lambda p: (_gpu_key(p.gpu), -p.mem_mib, p.pid))
-    return rows
+    total = len(rows)
+    if total > MAX_PROCESSES:
+        rows = heapq.nsmallest(MAX_PROCESSES, rows, key=_most_memory)
+    rows.sort(key=lambda p: (gpu_order(p.gpu), _most_memory(p)))
+    return rows, total
+
+
+def _most_memory(p: ProcessRow) -> tuple[float, str]:
+    return (-p.mem_mib if math.isfinite(p.mem_mib) else math.inf), p.pid
 
 
 def _process_key(labels: tuple[tuple[str, str], ...]) -> tuple[str, str, str]:
     d = dict(labels)
     return d.get("gpu", ""), d.get("GPU_I_ID", ""), d.get("ProcessId", "")
-
-
-def _gpu_key(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
 
 
 def node_page(state: HttpState, request: web.Request) -> web.Response:
@@ -190,13 +198,14 @@ def node_page(state: HttpState, request: web.Request) -> web.Response:
                 if link is not None and link.cluster is None:
                     doc["gateway"] = ""  # a single gateway's inventory: its own
                 return html_response(node_html(NodePage.elsewhere(doc, entry.facts.gpus, now)))
-        return html_response(message_html("Unknown node", f"No node named {name!r}."), 404)
+        return html_response(message_html("Unknown node", f"No node named {name[:200]!r}."), 404)
     me = link.gateway if link is not None and link.cluster is not None else None
     row = held_row(state, view, now, me)
     live = view.state != "offline"
     used, total = _gpu_memory(state, name) if live else ({}, {})
     util = per_gpu(state.registry.latest(name, UTIL)) if live else {}
     times, recent = state.history.of(name)
+    processes, process_count = _processes(state, name)
     gpus = [
         GpuRow(
             index=str(g.index),
@@ -219,7 +228,8 @@ def node_page(state: HttpState, request: web.Request) -> web.Response:
         connected_since=view.connected_since,
         interval_seconds=view.interval_seconds,
         gpus=gpus,
-        processes=_processes(state, name),
+        processes=processes,
+        process_count=process_count,
         errors=[dataclasses.astuple(e) for e in reversed(view.recent_errors)],
         last_disconnect_reason=view.last_disconnect_reason,
         samples=len(times),

@@ -8,7 +8,30 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlencode
 
-from cloud_gateway.ui_html import ago, esc, expiry, mib, node_url, num, page, pct, td, utc
+from cloud_gateway.ui_html import (
+    ago,
+    clip,
+    esc,
+    expiry,
+    finite,
+    first,
+    mib,
+    node_url,
+    num,
+    page,
+    pct,
+    td,
+    utc,
+)
+
+# A hostile node's row stays small: HELLO allows 256 GPUs of 256-byte names, and its
+# series any number of gpu labels.
+SHOWN_GPUS: Final = 16  # utilisation values in the cell
+SHOWN_MODELS: Final = 4  # distinct GPU models in the cell
+SHOWN_ENDPOINTS: Final = 8
+MODEL_CUT: Final = 64  # characters of a model or an agent version in the cell
+TEXT_MODELS: Final = 32  # models the filter matches
+TEXT_CUT: Final = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,14 +59,15 @@ class Row:
         return sum(self.util) / len(self.util) if self.util else None
 
     def text(self) -> str:
-        """What the filter matches, lower case."""
+        """What the filter matches, lower case; bounded, as it goes into every row's
+        ``data-text`` (at most :data:`TEXT_MODELS` models, each text cut to :data:`TEXT_CUT`)."""
         parts = (
             self.name,
             self.state,
             self.gateway or "",
-            *self.gpu_models,
-            self.agent_version,
-            *self.published,
+            *(m[:TEXT_CUT] for m in self.gpu_models[:TEXT_MODELS]),
+            self.agent_version[:TEXT_CUT],
+            *(p[:TEXT_CUT] for p in self.published),
         )
         return " ".join(parts).lower()
 
@@ -60,26 +84,28 @@ COLUMNS: Final[dict[str, tuple[str, Callable[[Row], Any], bool]]] = {
     "state": ("State", lambda r: _STATE_ORDER.get(r.state, 3), True),
     "gateway": ("Gateway", lambda r: r.gateway, False),
     "gpus": ("GPUs", lambda r: r.gpu_count, True),
-    "util": ("Utilisation", lambda r: r.util_mean, True),
-    "memory": ("Memory", lambda r: r.mem_used, True),
+    "util": ("Utilisation", lambda r: finite(r.util_mean), True),
+    "memory": ("Memory", lambda r: finite(r.mem_used), True),
     "last_seen": ("Last seen", lambda r: r.last_seen, True),
     "agent": ("Agent", lambda r: r.agent_version, False),
     "cert": ("Certificate expires", lambda r: r.cert_expires, True),
-    "spool": ("Spool backlog", lambda r: r.spool_batches, True),
+    "spool": ("Spool backlog", lambda r: finite(r.spool_batches), True),
     "published": ("Published endpoints", lambda r: len(r.published), True),
 }
 
 
 def sort_rows(rows: list[Row], column: str, *, descending: bool) -> list[Row]:
+    """By ``column``, equal values by name either way (a stable sort on a sorted list);
+    rows with no value (None, NaN) last, by name."""
     key = COLUMNS[column][1]
-    known = [r for r in rows if key(r) is not None]
-    unknown = [r for r in rows if key(r) is None]
-    known.sort(key=lambda r: (key(r), r.name), reverse=descending)
-    return known + sorted(unknown, key=lambda r: r.name)
+    by_name = sorted(rows, key=lambda r: r.name)
+    known = [r for r in by_name if key(r) is not None]
+    known.sort(key=key, reverse=descending)
+    return known + [r for r in by_name if key(r) is None]
 
 
 def _row_html(r: Row, cluster: bool) -> str:
-    util = " / ".join(pct(u) for u in r.util) if r.util else "—"
+    util = first([pct(u) for u in r.util], SHOWN_GPUS, " / ") if r.util else "—"
     memory = f"{mib(r.mem_used)} of {mib(r.mem_total)}" if r.mem_used is not None else "—"
     seen = (
         "—"
@@ -87,19 +113,20 @@ def _row_html(r: Row, cluster: bool) -> str:
         else f'<span title="{utc(r.last_seen)}">{ago(r.now - r.last_seen)}</span>'
     )
     cert, cert_cls = expiry(r.cert_expires, r.now)
-    models = ", ".join(esc(m) for m in r.gpu_models)
+    models = first([clip(m, MODEL_CUT) for m in r.gpu_models], SHOWN_MODELS, ", ")
     gpus = f"{r.gpu_count} \N{MULTIPLICATION SIGN} {models}" if r.gpu_count else "0"
-    spool = "—" if r.spool_batches is None else f"{r.spool_batches:.0f}"
-    published = "<br>".join(f"<code>{esc(p)}</code>" for p in r.published) or "—"
+    spool = "—" if finite(r.spool_batches) is None else f"{r.spool_batches:.0f}"
+    endpoints = [f"<code>{clip(p)}</code>" for p in r.published]
+    published = first(endpoints, SHOWN_ENDPOINTS, "<br>") or "—"
     cells = [
         td(f'<a href="{esc(node_url(r.name))}">{esc(r.name)}</a>', sort=r.name),
         td(esc(r.state), sort=COLUMNS["state"][1](r), cls=esc(r.state)),
-        *([td(esc(r.gateway or "—"), sort=r.gateway or "")] if cluster else []),
+        *([td(clip(r.gateway or "—"), sort=r.gateway or "")] if cluster else []),
         td(gpus, sort=r.gpu_count, cls="num"),
         td(util, sort=num(r.util_mean), cls="num"),
         td(memory, sort=num(r.mem_used), cls="num"),
         td(seen, sort=num(r.last_seen)),
-        td(esc(r.agent_version or "—"), sort=r.agent_version),
+        td(clip(r.agent_version or "—", MODEL_CUT), sort=r.agent_version[:TEXT_CUT]),
         td(cert, sort=num(r.cert_expires), cls=cert_cls),
         td(spool, sort=num(r.spool_batches), cls="num"),
         td(published, sort=len(r.published)),

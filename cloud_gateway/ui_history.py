@@ -11,6 +11,11 @@ costs 8 bytes (two float32), plus 8 for its time per node: 1,000 nodes of 8 GPUs
 samples hold 8.2 MiB of values, 11 MiB with the dicts and arrays around them (measured
 with tracemalloc; tests/unit/test_ui.py bounds it).
 A node the registry forgets (now another gateway's) loses its ring on the next tick.
+
+A ``gpu`` label is a GPU index only as :func:`gpu_index` reads it (ASCII decimal, as
+``str(int)`` writes it, below HELLO's 256 GPUs): ``str.isdigit()`` is also true of "²",
+which ``int()`` refuses. Only such labels get a ring, so a node that sends 5,000 ``gpu``
+labels still has at most 256 (the page charts the GPUs of the node's HELLO only).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Iterable
 from typing import Final, Protocol
 
 from gpurelay.model import Labels
+from gpurelay.wire.frames import HELLO_GPUS
 
 CAPACITY: Final = 120
 UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
@@ -35,6 +41,25 @@ SPOOL_BYTES: Final = "gpurelay_agent_spool_bytes"
 UI_FAMILIES: Final = frozenset(
     {UTIL, FB_USED, FB_FREE, FB_RESERVED, PROCESS_MEM, PROCESS_SM, SPOOL_BATCHES, SPOOL_BYTES}
 )
+MAX_GPU_INDEX: Final = HELLO_GPUS - 1
+_INDEX_DIGITS: Final = len(str(MAX_GPU_INDEX))
+
+
+def gpu_index(label: str) -> int | None:
+    """The GPU index a ``gpu`` label names, or None: ASCII decimal digits as ``str(int)``
+    writes them (no sign, space or leading zero), at most :data:`MAX_GPU_INDEX`."""
+    if not (0 < len(label) <= _INDEX_DIGITS and label.isascii() and label.isdigit()):
+        return None
+    if label[0] == "0" and label != "0":
+        return None
+    index = int(label)
+    return index if index <= MAX_GPU_INDEX else None
+
+
+def gpu_order(label: str) -> tuple[int, str]:
+    """A sort key: GPU indices by number, then any other label by its text."""
+    index = gpu_index(label)
+    return (index, "") if index is not None else (1 << 30, label)
 
 
 class Latest(Protocol):
@@ -121,11 +146,15 @@ class RecentValues:
             ring = self._rings.get(node)
             if ring is None:
                 ring = self._rings[node] = _Ring(self.capacity)
-            ring.add(
-                last_batch,
-                per_gpu(registry.latest(node, UTIL)),
-                per_gpu(registry.latest(node, FB_USED)),
+            util, mem = (
+                {
+                    g: v
+                    for g, v in per_gpu(registry.latest(node, f)).items()
+                    if gpu_index(g) is not None
+                }
+                for f in (UTIL, FB_USED)
             )
+            ring.add(last_batch, util, mem)
             taken += 1
         for node in self._rings.keys() - seen:
             del self._rings[node]
@@ -140,14 +169,10 @@ class RecentValues:
             return [], {}
         gpus = {
             gpu: (ring.ordered(ring.util[gpu]), ring.ordered(ring.mem[gpu]))
-            for gpu in sorted(ring.util, key=_gpu_order)
+            for gpu in sorted(ring.util, key=gpu_order)
         }
         return ring.ordered(ring.times), gpus
 
     def nbytes(self) -> int:
         """The bytes the rings' values take (the arrays' buffers)."""
         return sum(r.nbytes() for r in self._rings.values())
-
-
-def _gpu_order(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)

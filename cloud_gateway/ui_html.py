@@ -16,6 +16,7 @@ import hashlib
 import html
 import math
 import time
+from collections.abc import Sequence
 from typing import Final
 from urllib.parse import quote
 
@@ -97,6 +98,31 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+CLIP: Final = 80  # characters of a node-sent text shown in a cell
+TITLE_MAX: Final = 2048  # ... and in its title: the wire's longest label value
+
+
+def clip(value: object, limit: int = CLIP) -> str:
+    """``value`` escaped, cut to ``limit`` characters with an ellipsis; then the whole (up
+    to :data:`TITLE_MAX`) is its title, shown on hover."""
+    text = str(value)
+    if len(text) <= limit:
+        return esc(text)
+    cut = esc(text[: limit - 1]) + "\N{HORIZONTAL ELLIPSIS}"
+    return f'<span title="{esc(text[:TITLE_MAX])}">{cut}</span>'
+
+
+def first(items: Sequence[str], limit: int, sep: str) -> str:
+    """At most ``limit`` of ``items`` (already HTML), then how many more."""
+    shown = sep.join(items[:limit])
+    return shown + (f"{sep}+{len(items) - limit} more" if len(items) > limit else "")
+
+
+def finite(value: float | None) -> float | None:
+    """None for a missing, NaN or infinite value (sorted and shown as missing)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def node_url(name: str) -> str:
     return "/ui/nodes/" + quote(name, safe="")
 
@@ -137,6 +163,7 @@ def expiry(expires: float | None, now: float) -> tuple[str, str]:
 
 
 def num(value: float | None) -> str:
+    value = finite(value)
     return "" if value is None else repr(float(value))
 
 

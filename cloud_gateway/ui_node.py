@@ -7,11 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from cloud_gateway.ui_fleet import Row
-from cloud_gateway.ui_html import ago, esc, expiry, mib, page, pct, utc
+from cloud_gateway.ui_html import ago, clip, esc, expiry, finite, first, mib, page, pct, utc
 from gpurelay.model import GpuInventory
+
+MAX_PROCESSES: Final = 200  # rows of the process table: those using the most memory
+SHOWN_ENDPOINTS: Final = 64
+ERROR_CUT: Final = 300  # characters of an error message shown (the rest in its title)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +57,7 @@ class NodePage:
     errors: list[tuple[float, str]]
     last_disconnect_reason: str
     samples: int
+    process_count: int = 0  # how many the node reports (``processes``: the largest)
 
     @classmethod
     def elsewhere(
@@ -145,14 +150,20 @@ def _summary(p: NodePage) -> str:
             "—" if r.last_seen is None else f"{ago(r.now - r.last_seen)} ({utc(r.last_seen)})",
         ),
         ("Connected since", "—" if p.connected_since is None else utc(p.connected_since)),
-        ("Agent", esc(r.agent_version or "—")),
-        ("Backend", esc(p.backend or "—")),
-        ("Address", esc(p.remote or "—")),
+        ("Agent", clip(r.agent_version or "—")),
+        ("Backend", clip(p.backend or "—")),
+        ("Address", clip(p.remote or "—")),
         ("Interval", f"{p.interval_seconds:g} s"),
         ("Certificate expires", f'<span class="{cert_cls}">{cert}</span>'),
-        ("Spool backlog", "—" if r.spool_batches is None else f"{r.spool_batches:.0f} batches"),
-        ("Published endpoints", ", ".join(f"<code>{esc(e)}</code>" for e in r.published) or "—"),
-        ("Last disconnect", esc(p.last_disconnect_reason or "—")),
+        (
+            "Spool backlog",
+            "—" if finite(r.spool_batches) is None else f"{r.spool_batches:.0f} batches",
+        ),
+        (
+            "Published endpoints",
+            first([f"<code>{clip(e)}</code>" for e in r.published], SHOWN_ENDPOINTS, ", ") or "—",
+        ),
+        ("Last disconnect", clip(p.last_disconnect_reason or "—", ERROR_CUT)),
     ]
     return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
@@ -162,8 +173,8 @@ def _gpus(p: NodePage) -> str:
     for g in p.gpus:
         health = "" if g.healthy else ' <span class="bad">unhealthy</span>'
         rows.append(
-            f'<tr data-gpu="{esc(g.index)}"><td>{esc(g.index)}</td><td>{esc(g.model)}{health}</td>'
-            f"<td><code>{esc(g.uuid)}</code><br><code>{esc(g.pci_bus_id)}</code></td>"
+            f'<tr data-gpu="{esc(g.index)}"><td>{esc(g.index)}</td><td>{clip(g.model)}{health}</td>'
+            f"<td><code>{clip(g.uuid)}</code><br><code>{clip(g.pci_bus_id)}</code></td>"
             f'<td class="num">{pct(g.util)}</td>'
             f'<td class="num">{mib(g.mem_used)} of {mib(g.mem_total)}</td>'
             f"<td>{sparkline(g.recent_util, 100.0, 'utilisation %')}</td>"
@@ -180,15 +191,21 @@ def _processes(p: NodePage) -> str:
     if not p.processes:
         return '<p class="muted">No GPU processes reported.</p>'
     rows = "".join(
-        f"<tr><td>{esc(q.gpu)}</td><td>{esc(q.pid)}</td><td>{esc(q.name)}</td>"
-        f"<td>{esc(q.kind)}</td><td>{esc(q.namespace or '—')}</td><td>{esc(q.pod or '—')}</td>"
-        f'<td>{esc(q.container or "—")}</td><td class="num">{mib(q.mem_mib)}</td>'
+        f"<tr><td>{clip(q.gpu)}</td><td>{clip(q.pid)}</td><td>{clip(q.name)}</td>"
+        f"<td>{clip(q.kind)}</td><td>{clip(q.namespace or '—')}</td><td>{clip(q.pod or '—')}</td>"
+        f'<td>{clip(q.container or "—")}</td><td class="num">{mib(q.mem_mib)}</td>'
         f'<td class="num">{pct(q.sm_util)}</td></tr>'
         for q in p.processes
     )
+    more = ""
+    if p.process_count > len(p.processes):
+        more = (
+            f'<p class="muted">Showing the {len(p.processes)} of {p.process_count:,} processes '
+            "that use the most GPU memory.</p>"
+        )
     return (
-        '<table id="processes"><thead><tr><th>GPU</th><th>PID</th><th>Process</th><th>Type</th>'
-        "<th>Namespace</th><th>Pod</th><th>Container</th><th>Memory</th><th>SM</th></tr>"
+        f'{more}<table id="processes"><thead><tr><th>GPU</th><th>PID</th><th>Process</th>'
+        "<th>Type</th><th>Namespace</th><th>Pod</th><th>Container</th><th>Memory</th><th>SM</th></tr>"
         f"</thead><tbody>{rows}</tbody></table>"
     )
 
@@ -196,7 +213,7 @@ def _processes(p: NodePage) -> str:
 def _errors(p: NodePage) -> str:
     if not p.errors:
         return '<p class="muted">None.</p>'
-    rows = "".join(f"<tr><td>{utc(t)}</td><td>{esc(m)}</td></tr>" for t, m in p.errors)
+    rows = "".join(f"<tr><td>{utc(t)}</td><td>{clip(m, ERROR_CUT)}</td></tr>" for t, m in p.errors)
     return (
         '<table id="errors"><thead><tr><th>Time</th><th>Error</th></tr></thead>'
         f"<tbody>{rows}</tbody></table>"
