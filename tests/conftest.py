@@ -51,6 +51,20 @@ def required_tool(tool: str, variable: str, package: str) -> Path:
     return Path(path)
 
 
+def assert_shellcheck_clean(script: Path) -> None:
+    """``shellcheck --shell=bash`` finds nothing in ``script`` (skips without shellcheck,
+    fails instead when CI sets EDGE_GPU_RELAY_REQUIRE_SHELLCHECK=1)."""
+    shellcheck = required_tool("shellcheck", "EDGE_GPU_RELAY_REQUIRE_SHELLCHECK", "shellcheck")
+    proc = subprocess.run(
+        [str(shellcheck), "--shell=bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.fixture(scope="session")
 def promtool() -> Path:
     return required_tool("promtool", "EDGE_GPU_RELAY_REQUIRE_PROMTOOL", "prometheus")

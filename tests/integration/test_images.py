@@ -36,6 +36,7 @@ from harness.ports import free_ports
 from harness.process import Process
 from harness.services import gateway_toml
 from harness.waiting import wait_until
+from tests.conftest import assert_shellcheck_clean
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "images" / "build.sh"
@@ -193,20 +194,7 @@ def test_a_failed_build_leaves_nothing_behind(builds: Builds, images: dict[str, 
 
 
 def test_build_script_is_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        msg = "shellcheck not found (Debian package shellcheck)"
-        if os.environ.get("EDGE_GPU_RELAY_REQUIRE_SHELLCHECK") == "1":
-            pytest.fail(f"{msg}; EDGE_GPU_RELAY_REQUIRE_SHELLCHECK=1 makes this a failure")
-        pytest.skip(msg)
-    proc = subprocess.run(
-        [shellcheck, "--shell=bash", str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_shellcheck_clean(SCRIPT)
 
 
 def _labels(image: Image) -> Mapping[str, str]:

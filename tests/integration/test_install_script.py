@@ -26,12 +26,12 @@ from gpurelay.enrollment import sign_token
 from harness.fleet import Pki, make_pki
 from harness.services import GatewayProc
 from harness.waiting import wait_until
+from tests.conftest import assert_shellcheck_clean
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "install-edge-agent.sh"
 UNIT = REPO / "deploy" / "systemd" / "edge-agent.service"
 NODE = "edge-box-1"
-REQUIRE_SHELLCHECK = os.environ.get("EDGE_GPU_RELAY_REQUIRE_SHELLCHECK") == "1"
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -100,20 +100,7 @@ def flags(pki: Pki, creds: tuple[Path, Path], tmp_path: Path) -> list[str | Path
 
 
 def test_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        msg = "shellcheck not found (Debian package shellcheck)"
-        if REQUIRE_SHELLCHECK:
-            pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_SHELLCHECK=1 makes this a failure")
-        pytest.skip(msg)
-    proc = subprocess.run(
-        [shellcheck, "--shell=bash", str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_shellcheck_clean(SCRIPT)
 
 
 def test_help_documents_the_test_aid() -> None:
