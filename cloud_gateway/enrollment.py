@@ -30,6 +30,7 @@ from cloud_gateway.auth_policy import format_time, node_name_problem
 from cloud_gateway.directory import DirectoryError
 from cloud_gateway.directory_nonces import MemoryNonces
 from cloud_gateway.errors import GatewayConfigError, GatewayError
+from cloud_gateway.login_limit import LoginLimiter
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.signing import (
     MIN_LIFETIME_SECONDS,
@@ -65,6 +66,10 @@ log = logging.getLogger("cloud_gateway.enrollment")
 
 SUBSYSTEMS = (ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM)
 KEY_TIMEOUT_SECONDS = 30.0  # to send the public key once the subsystem is open
+# An enroll: connection that opens no gpurelay-enroll subsystem within this is closed; one
+# that did is closed right after its answer (an idle token login must not hold a slot).
+IDLE_SECONDS = 30.0
+CLOSE_AFTER_ANSWER_SECONDS = 5.0  # for the client to take the answer and close its channel
 # A node renews at most this often on one gateway: each certificate is an issued.log line,
 # and a compromised node must not fill the CA's disk (an agent renews once a lifetime).
 RENEW_INTERVAL_SECONDS = 10.0
@@ -109,6 +114,7 @@ REFUSALS: tuple[str, ...] = (
     "enroll_revoked",
     "enroll_unavailable",  # the node directory could not say whether the token was used
     "enroll_used",
+    "enroll_throttled",  # over the login limits (cloud_gateway.login_limit), not checked
 )
 
 
@@ -150,6 +156,8 @@ class Enrollment:
         self.issued = {"enroll": 0, "renew": 0}
         self.renew_interval = RENEW_INTERVAL_SECONDS
         self._renewed: dict[str, float] = {}  # node -> time.monotonic() of its last renewal
+        self.limiter = LoginLimiter()  # password logins per source address and in all
+        self.idle_seconds = IDLE_SECONDS
 
     def _revoked(self) -> RevocationList:
         return self.revocations.current() if self.revocations else RevocationList()
@@ -342,7 +350,9 @@ class EnrollmentLogin:
     only while enrollment is on; node users stay certificate-only."""
 
     _policy: _Refuser
+    _peer: tuple[str, int] | None  # the client's address (the PROXY header's, if any)
     enrolling: Token | None = None  # the token this connection logged in with
+    _idle: asyncio.TimerHandle | None = None
 
     def _refuse(self, username: str, reason: str, detail: str) -> None:
         raise NotImplementedError
@@ -363,12 +373,41 @@ class EnrollmentLogin:
         enrollment = self._policy.enrollment
         if enrollment is None:
             return False
+        over = enrollment.limiter.allow(self._peer[0] if self._peer else "?")
+        if over is not None:
+            enrollment.limiter.log_refusal(username, over)
+            self._refuse(username, "enroll_throttled", over)
+            return False
         verdict = await enrollment.check_login(username, password)
         if isinstance(verdict, Refusal):
             self._refuse(username, verdict.code, verdict.detail)
             return False
         self.enrolling = verdict
         return True
+
+    def enrollment_authenticated(self, conn: asyncssh.SSHServerConnection) -> None:
+        """From ``auth_completed``: an ``enroll:`` connection has ``idle_seconds`` to open
+        the ``gpurelay-enroll`` subsystem, then it is closed."""
+        enrollment, token = self._policy.enrollment, self.enrolling
+        if enrollment is None or token is None:
+            return
+
+        def idle() -> None:
+            node_log(token.node).warning(
+                "closed the enrollment connection of %r: no %s subsystem within %gs",
+                token.node,
+                ENROLL_SUBSYSTEM,
+                enrollment.idle_seconds,
+            )
+            conn.close()
+
+        self._idle = asyncio.get_running_loop().call_later(enrollment.idle_seconds, idle)
+
+    def enrollment_opened(self) -> None:
+        """The ``gpurelay-enroll`` subsystem is open (or the connection is gone)."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
 
 
 async def serve_enrollment(
@@ -378,13 +417,19 @@ async def serve_enrollment(
     if enrollment is None:
         await refuse_disabled(process, username)
         return
-    owner = process.get_extra_info("connection").get_owner()
+    conn = process.get_extra_info("connection")
+    owner = conn.get_owner()
+    token = getattr(owner, "enrolling", None)
+    answering = token is not None and process.subsystem == ENROLL_SUBSYSTEM
+    if answering and isinstance(owner, EnrollmentLogin):
+        owner.enrollment_opened()
     await enrollment.serve(
-        process,
-        username=username,
-        token=getattr(owner, "enrolling", None),
-        certificate=getattr(owner, "certificate", None),
+        process, username=username, token=token, certificate=getattr(owner, "certificate", None)
     )
+    if answering:  # answered: nothing more to do here, whatever the answer was
+        with contextlib.suppress(TimeoutError):  # the client takes it and closes its channel
+            await asyncio.wait_for(process.channel.wait_closed(), CLOSE_AFTER_ANSWER_SECONDS)
+        conn.close()
 
 
 def build_enrollment(

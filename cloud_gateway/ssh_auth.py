@@ -118,6 +118,8 @@ class ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
 
     def auth_completed(self) -> None:
         self._authenticated = True
+        if self._conn is not None:
+            self.enrollment_authenticated(self._conn)  # an enroll: connection's idle timer
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool | PublishedListener:
         """An agent offers NODE:PORT through its tunnel (an SSH remote forward)."""
@@ -139,8 +141,11 @@ class ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
         return PublishedListener(self._endpoints, listen_host, listen_port, self._conn)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.enrollment_opened()  # no idle timer left behind
         if not self._authenticated and self._reason:
             self._policy.failures[self._reason] += 1
+            if self._reason == "enroll_throttled":
+                return  # logged by the limiter, throttled itself
             # the address saved at connect: the transport is gone by now
             peer = f"{self._peer[0]}:{self._peer[1]}" if self._peer else "an unknown address"
             log.warning(

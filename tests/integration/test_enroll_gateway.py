@@ -273,13 +273,13 @@ async def test_an_enrollment_connection_can_do_nothing_else(tmp_path: Path) -> N
                 await conn.forward_remote_port("edge-1", 9100, "127.0.0.1", 9100)
             with pytest.raises(asyncssh.ChannelOpenError):
                 await conn.open_connection("127.0.0.1", gw.http_port)
-            # the token is still unused: a junk key line does not cost it
+            # the token is still unused: a junk key line does not cost it (the answer
+            # ends the connection: tests/integration/test_enroll_limits.py)
             junk = await run_subsystem(conn, ENROLL_SUBSYSTEM, "ssh-ed25519 AAAAnot-a-key\n")
             assert (junk.status, junk.stderr) == (1, "error: not a public key\n")
-            good = await run_subsystem(conn, ENROLL_SUBSYSTEM, key.export_public_key().decode())
-            assert good.status == 0, good
-            again = await run_subsystem(conn, ENROLL_SUBSYSTEM, key.export_public_key().decode())
-            assert (again.status, again.stderr) == (1, "error: token already used\n")
+        assert (await enroll(pki, gw, "edge-1", token, key)).status == 0
+        with pytest.raises(asyncssh.PermissionDenied):
+            await enroll(pki, gw, "edge-1", token, key)
 
 
 async def test_renewal_is_for_the_connections_own_node(
