@@ -147,7 +147,8 @@ HTTP_CLOSED = _family(
     "gpurelay_gateway_http_connections_closed_total",
     "counter",
     "HTTP connections the gateway closed or refused: header_timeout (no whole request in "
-    "time), evicted (oldest idle one, at the cap), refused (at the cap, none idle).",
+    "time), evicted (oldest idle one, at the cap), refused (at the cap, none idle), "
+    "bad_request (a request that could not be parsed, answered 400).",
 )
 
 _RW = "gpurelay_gateway_remote_write_"

@@ -19,6 +19,12 @@ per-connection handler:
   ``/metrics`` would not do: the path is unknown until the headers arrive, and by then
   the connection already holds its slot.)
 
+A request aiohttp cannot parse (a NUL byte in a header, a bad ``Transfer-Encoding``...)
+gets its 400 and the connection is closed; aiohttp would log a whole ERROR traceback for
+each (logger ``aiohttp.server``), so any client could flood the log. Here it is one
+WARNING line with the client and the reason, at most every ``LOG_EVERY_SECONDS`` with the
+count of those left out, and ``closed{reason="bad_request"}`` counts them all.
+
 With TLS (``http.web_config_file``) the guard admits the TCP connection first and only
 then runs the handshake (``loop.start_tls``): a handshake counts against the cap and must
 finish, with the first request's headers, within the header timeout.
@@ -37,11 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger("cloud_gateway.http")
 
 # Values of gpurelay_gateway_http_connections_closed_total{reason}.
-CLOSE_REASONS: Final = ("header_timeout", "evicted", "refused")
+CLOSE_REASONS: Final = ("header_timeout", "evicted", "refused", "bad_request")
 # A kept-alive connection is only evicted this long after its last response ended (its
 # bytes have left by then unless the client stopped reading: the write buffer says so).
 SETTLE_SECONDS: Final = 1.0
@@ -77,6 +84,31 @@ class Throttled:
             args = (*args, self._left_out)
         log.log(self.level, message, *args)
         self._next, self._left_out = now + self.every, 0
+
+
+class _ParseErrors(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger for one connection: a request it could not parse goes to
+    :meth:`ConnectionGuard.bad_request`; everything else to ``aiohttp.server`` as before
+    (a handler's exception keeps its traceback)."""
+
+    def __init__(self, logger: logging.Logger, conn: _Connection) -> None:
+        super().__init__(logger, {})
+        self.conn = conn
+
+    def _unparsable(self, exc_info: object) -> bool:
+        if not isinstance(exc_info, HttpProcessingError):
+            return False
+        self.conn.guard.bad_request(self.conn, exc_info)
+        return True
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kw: Any) -> None:
+        if not self._unparsable(exc_info):
+            self.logger.exception(msg, *args, exc_info=exc_info, **kw)
+
+    def debug(self, msg: object, *args: object, **kw: Any) -> None:
+        # aiohttp logs a first request with a bad method (TLS on a plain port) at debug
+        if not self._unparsable(kw.get("exc_info")):
+            self.logger.debug(msg, *args, **kw)
 
 
 class _Connection(asyncio.Protocol):
@@ -131,6 +163,9 @@ class _Connection(asyncio.Protocol):
 
     def _serve(self, transport: asyncio.Transport) -> None:
         self.handler = self._server()
+        if hasattr(self.handler, "logger"):  # aiohttp's RequestHandler
+            server_log = self.handler.logger
+            self.handler.logger = _ParseErrors(server_log, self)  # type: ignore[assignment]
         self.handler.connection_made(transport)
         early, self._early = self._early, None
         for data in early or ():
@@ -196,6 +231,7 @@ class ConnectionGuard:
         self._log_evicted = Throttled(logging.WARNING)
         self._log_refused = Throttled(logging.WARNING)
         self._log_handshake = Throttled(logging.INFO)
+        self.log_bad_request = Throttled(logging.WARNING)
 
     def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         return lambda: _Connection(self, server)
@@ -258,6 +294,17 @@ class ConnectionGuard:
             "other side does not accept; see http.web_config_file)",
             conn.peer,
             str(exc) or type(exc).__name__,
+        )
+
+    def bad_request(self, conn: _Connection, exc: HttpProcessingError) -> None:
+        """aiohttp could not parse a request: it answers 400 and closes the connection."""
+        self.stats.closed["bad_request"] += 1
+        reason = " ".join(str(exc.message).split())[:200] or type(exc).__name__
+        self.log_bad_request(
+            "%s request from %r could not be parsed, answered 400 and closed: %s",
+            self.name,
+            conn.peer,
+            reason,
         )
 
     @contextmanager

@@ -127,6 +127,7 @@ def test_label_values_come_from_fixed_sets_whatever_was_counted() -> None:
         "header_timeout": 0,
         "evicted": 0,
         "refused": 0,
+        "bad_request": 0,
     }
 
 
