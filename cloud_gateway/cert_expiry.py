@@ -27,6 +27,7 @@ from typing import Final
 
 from asyncssh.public_key import SSHOpenSSHCertificate
 
+from gpurelay.logs import node_logger
 from gpurelay.model import Family, Sample
 from gpurelay.ssh_cert import FOREVER, certificate_info
 
@@ -113,7 +114,7 @@ class CertificateExpiry:
         date = datetime.fromtimestamp(known.expires, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         serial = f"serial {known.serial}" if known.serial is not None else "unknown serial"
         if left <= 0:
-            log.warning(
+            node_logger(log, node).warning(
                 "node %s: its SSH certificate (%s) expired on %s; it cannot reconnect "
                 "until it has a new one",
                 node,
@@ -121,7 +122,7 @@ class CertificateExpiry:
                 date,
             )
         else:
-            log.warning(
+            node_logger(log, node).warning(
                 "node %s: its SSH certificate (%s) expires on %s, in %.1f days "
                 "(within %d days): renew it",
                 node,

@@ -54,6 +54,7 @@ def test_warns_at_14_and_3_days_and_expired_once_each(caplog: pytest.LogCaptureF
         watch.refresh(expires - days_left * DAY, live=live)
     assert warnings(caplog) == []
     watch.refresh(expires - 14 * DAY, live=live)
+    assert [r.name for r in caplog.records] == ["cloud_gateway.certificates.node.edge-1"]
     (line,) = warnings(caplog)
     assert "node edge-1" in line and "serial 9" in line and "within 14 days" in line
     assert "2027-02-04 08:00:00 UTC" in line  # NOW + 20 days, in UTC
