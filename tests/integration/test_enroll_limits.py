@@ -7,7 +7,9 @@ throttled."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import socket
 from pathlib import Path
 
 import asyncssh
@@ -23,6 +25,7 @@ from harness.fleet import auth_failures, make_pki, running_gateway
 from harness.waiting import wait_for
 from tests.integration.test_enroll_gateway import connected, enrolling, run_subsystem
 
+BALANCER = "127.0.0.3"  # the one source allowed to send a PROXY header
 # How long the gateway may take to close a connection it should close (generous: a
 # connection it never closes fails the test after this).
 CLOSE_BOUND = 60.0
@@ -87,11 +90,18 @@ async def test_an_enrollment_connection_that_opens_nothing_is_closed(
     ), lines
 
 
-async def attempt(gw: Gateway, pki_known_hosts: str, password: str) -> None:
+async def attempt(
+    gw: Gateway, pki_known_hosts: str, password: str, *, via: str | None = None
+) -> None:
+    """A refused ``enroll:edge-1`` login; ``via``: behind a PROXY header from that address."""
+    where: dict[str, object] = {"host": "127.0.0.1", "port": gw.ssh_port}
+    if via is not None:
+        sock = socket.create_connection(("127.0.0.1", gw.ssh_port), source_address=(BALANCER, 0))
+        sock.sendall(f"PROXY TCP4 {via} 192.0.2.1 50123 2222\r\n".encode())
+        where = {"host": "localhost", "sock": sock}
     with pytest.raises(asyncssh.PermissionDenied):
         async with asyncssh.connect(
-            "127.0.0.1",
-            gw.ssh_port,
+            **where,  # type: ignore[arg-type]
             username="enroll:edge-1",
             password=password,
             client_keys=None,
@@ -144,3 +154,19 @@ async def test_password_logins_are_bounded_per_address_and_in_all(
     refusals = [r.getMessage() for r in caplog.records if "enroll_throttled" in r.getMessage()]
     assert refusals == [], "no per-connection line for a throttled login"
     assert token.split(".")[1] not in caplog.text
+
+
+async def test_behind_a_balancer_the_bound_is_per_client_address(tmp_path: Path) -> None:
+    """With ssh.proxy_protocol, the address in the header is the one bounded, not the
+    balancer's (which every client shares)."""
+    pki = make_pki(tmp_path)
+    cfg = enrolling(pki)
+    ssh = dataclasses.replace(cfg.ssh, proxy_protocol=True, proxy_protocol_from=(f"{BALANCER}/32",))
+    hosts = str(pki.ca.known_hosts)
+    async with running_gateway(dataclasses.replace(cfg, ssh=ssh)) as gw:
+        enrollment_of(gw).limiter = LoginLimiter(per_address_burst=1, per_address_rate=0)
+        await attempt(gw, hosts, "gpr1.not-a-token", via="198.51.100.7")
+        await attempt(gw, hosts, "gpr1.not-a-token", via="198.51.100.7")
+        await attempt(gw, hosts, "gpr1.not-a-token", via="198.51.100.8")
+        await wait_for(lambda: auth_failures(gw, "enroll_throttled") == 1, what="throttled")
+        await wait_for(lambda: auth_failures(gw, "enroll_bad_token") == 2, what="checked")
