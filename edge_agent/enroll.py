@@ -42,6 +42,7 @@ from gpurelay.enrollment import (
     TokenError,
     enroll_username,
     parse_token,
+    refusal_said,
 )
 from gpurelay.files import write_atomic
 from gpurelay.settings import SettingsError
@@ -336,9 +337,8 @@ async def _request(
     except (OSError, asyncssh.Error) as exc:
         raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc
     if result.exit_status != EXIT_OK:
-        reason = str(result.stderr or "").strip().splitlines()
-        said = reason[-1] if reason else f"exit status {result.exit_status}"
-        raise EnrollRefused(f"the gateway {where} refused to enroll node {node}: {said[:300]}")
+        said = refusal_said(result.stderr, result.exit_status)
+        raise EnrollRefused(f"the gateway {where} refused to enroll node {node}: {said}")
     try:
         return openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
     except (asyncssh.KeyImportError, ValueError) as exc:

@@ -30,7 +30,7 @@ from edge_agent.credentials import (
     openssh_certificate,
 )
 from edge_agent.errors import AgentError
-from gpurelay.enrollment import EXIT_OK, RENEW_SUBSYSTEM, renew_due
+from gpurelay.enrollment import EXIT_OK, RENEW_SUBSYSTEM, refusal_said, renew_due
 from gpurelay.files import sync_dir, write_atomic
 from gpurelay.model import Family, SampleSink
 from gpurelay.ssh_cert import FOREVER, CertInfo, certificate_info
@@ -193,10 +193,8 @@ class Renewer:
         except (OSError, asyncssh.Error) as exc:
             raise RenewalFailed(f"the gateway refused the renewal channel: {exc}") from exc
         if result.exit_status != EXIT_OK:
-            said = str(result.stderr or "").strip().splitlines()
-            raise RenewalFailed(
-                f"the gateway refused: {said[-1][:300] if said else result.exit_status}"
-            )
+            said = refusal_said(result.stderr, result.exit_status)
+            raise RenewalFailed(f"the gateway refused: {said}")
         try:
             cert = openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
             validity = certificate_info(cert)

@@ -167,3 +167,10 @@ def renew_due(valid_after: float, valid_before: float, now: float) -> bool:
 
 def error_line(reason: str) -> str:
     return f"{ERROR_PREFIX}{reason}\n"
+
+
+def refusal_said(stderr: object, exit_status: int | None) -> str:
+    """What the gateway said when it refused (the last line of its stderr, normally an
+    :func:`error_line`), at most 300 characters; else its exit status."""
+    lines = str(stderr or "").strip().splitlines()
+    return lines[-1][:300] if lines else f"exit status {exit_status}"

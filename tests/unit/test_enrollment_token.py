@@ -130,3 +130,10 @@ def test_renew_due_from_two_thirds_of_the_lifetime() -> None:
 
 def test_error_line() -> None:
     assert enrollment.error_line(enrollment.REASON_USED) == "error: token already used\n"
+
+
+def test_refusal_said_is_the_last_line_of_stderr_or_the_exit_status() -> None:
+    said = "debug noise\n" + enrollment.error_line(enrollment.REASON_USED)
+    assert enrollment.refusal_said(said, 1) == "error: token already used"
+    assert enrollment.refusal_said("x" * 1000, 1) == "x" * 300  # bounded
+    assert enrollment.refusal_said("", 1) == enrollment.refusal_said(None, 1) == "exit status 1"
