@@ -18,6 +18,7 @@ from aiohttp import web
 
 from cloud_gateway import certs
 from cloud_gateway.app import Gateway
+from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.config import GatewayConfig, HttpConfig, RegistrySection, SshConfig
 from edge_agent.app import Agent
 from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig, TunnelConfig
@@ -66,6 +67,23 @@ def gateway_config(
         ),
         http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
         registry=RegistrySection(**registry),
+    )
+
+
+def cluster_member(pki: Pki, dsn: str, gateway_id: str, token_file: Path) -> GatewayConfig:
+    """:func:`gateway_config` as a ``[cluster]`` member on the PostgreSQL ``dsn``, with a
+    peer listener on loopback, the peer token in ``token_file`` and quick heartbeats
+    (0.5 s, expiring after 3 s)."""
+    return dataclasses.replace(
+        gateway_config(pki),
+        cluster=ClusterSection(
+            database=dsn,
+            gateway_id=gateway_id,
+            peer_listen="127.0.0.1:0",
+            peer_token_file=str(token_file),
+            heartbeat_seconds=0.5,
+            ttl_seconds=3.0,
+        ),
     )
 
 

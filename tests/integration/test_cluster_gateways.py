@@ -12,11 +12,10 @@ import pytest
 
 from cloud_gateway.app import Gateway
 from cloud_gateway.cluster_config import ClusterSection
-from cloud_gateway.config import GatewayConfig
 from harness.fleet import (
     TOKEN,
-    Pki,
     agent_config,
+    cluster_member,
     gateway_config,
     make_pki,
     running_agent,
@@ -32,21 +31,6 @@ def database(pg_database: str) -> str:
     return pg_database
 
 
-def member(pki: Pki, dsn: str, gateway_id: str, token_file: Path) -> GatewayConfig:
-    cfg = gateway_config(pki)
-    return dataclasses.replace(
-        cfg,
-        cluster=ClusterSection(
-            database=dsn,
-            gateway_id=gateway_id,
-            peer_listen="127.0.0.1:0",
-            peer_token_file=str(token_file),
-            heartbeat_seconds=0.5,
-            ttl_seconds=3.0,
-        ),
-    )
-
-
 async def nodes(client: httpx.AsyncClient, gw: Gateway) -> dict[str, dict[str, object]]:
     r = await client.get(f"http://127.0.0.1:{gw.http_port}/api/v1/nodes", headers=AUTH)
     r.raise_for_status()
@@ -60,8 +44,8 @@ async def test_two_gateways_answer_for_the_fleet_and_a_moved_node_is_let_go(
     token = tmp_path / "peer.token"
     token.write_text("peer-token-0123456789abcdef\n")
     async with (
-        running_gateway(member(pki, database, "gw-a", token)) as a,
-        running_gateway(member(pki, database, "gw-b", token)) as b,
+        running_gateway(cluster_member(pki, database, "gw-a", token)) as a,
+        running_gateway(cluster_member(pki, database, "gw-b", token)) as b,
         httpx.AsyncClient(timeout=20) as client,
     ):
         async with running_agent(agent_config(pki, "edge-1", a)) as agent:
@@ -162,7 +146,7 @@ async def test_a_database_down_at_start_is_a_retryable_error_not_a_config_error(
     token = tmp_path / "peer.token"
     token.write_text("peer-token-0123456789abcdef\n")
     port = free_ports(1)[0]  # nothing listens there
-    gw = Gateway(member(pki, f"postgresql://relay@127.0.0.1:{port}/relay", "gw-a", token))
+    gw = Gateway(cluster_member(pki, f"postgresql://relay@127.0.0.1:{port}/relay", "gw-a", token))
     try:
         with pytest.raises(GatewayError, match="cannot connect") as info:
             await gw.startup()
@@ -180,7 +164,7 @@ async def test_a_fenced_gateway_is_not_ready_so_the_balancer_sends_agents_elsewh
     token = tmp_path / "peer.token"
     token.write_text("peer-token-0123456789abcdef\n")
     async with (
-        running_gateway(member(pki, database, "gw-a", token)) as a,
+        running_gateway(cluster_member(pki, database, "gw-a", token)) as a,
         httpx.AsyncClient(timeout=20) as client,
     ):
         url = f"http://127.0.0.1:{a.http_port}/readyz"

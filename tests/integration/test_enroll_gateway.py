@@ -33,6 +33,7 @@ from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello
 from harness.fleet import (
     Pki,
     auth_failures,
+    cluster_member,
     gateway_config,
     make_pki,
     metrics_text,
@@ -332,15 +333,7 @@ async def test_a_used_token_stays_used_after_a_restart_on_sqlite(tmp_path: Path)
 
 
 def member(pki: Pki, dsn: str, gateway_id: str, token_file: Path) -> GatewayConfig:
-    cluster = ClusterSection(
-        database=dsn,
-        gateway_id=gateway_id,
-        peer_listen="127.0.0.1:0",
-        peer_token_file=str(token_file),
-        heartbeat_seconds=0.5,
-        ttl_seconds=3.0,
-    )
-    return enrolling(pki, dataclasses.replace(gateway_config(pki), cluster=cluster))
+    return enrolling(pki, cluster_member(pki, dsn, gateway_id, token_file))
 
 
 async def test_a_token_is_used_once_across_a_cluster(tmp_path: Path, pg_database: str) -> None:
