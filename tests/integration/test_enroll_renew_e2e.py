@@ -27,7 +27,14 @@ import pytest
 
 from gpurelay.enrollment import sign_token
 from gpurelay.ssh_cert import certificate_info
-from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
+from harness.fleet import (
+    Pki,
+    agent_config,
+    gateway_config,
+    make_pki,
+    running_agent,
+    running_gateway,
+)
 from harness.process import ROOT, Process, clean_env
 from harness.prometheus import Receiver, assert_nothing_lost
 from harness.services import AgentProc, GatewayProc
@@ -216,27 +223,35 @@ def test_enroll_then_renew_over_the_tunnel_without_a_gap(
             proc.stop()
 
 
+def due_credentials(
+    pki: Pki, edge: Path, *, serial: int, now: int
+) -> tuple[asyncssh.SSHKey, Path, Path]:
+    """A node key and its certificate in ``edge``, valid from ``now - 100`` to ``now + 50``
+    and written when issued: past two thirds of its life, so due for renewal at once."""
+    user_ca = asyncssh.read_private_key(str(pki.ca.user_ca))
+    key_pair = asyncssh.generate_private_key("ssh-ed25519")
+    edge.mkdir()
+    key, cert = edge / "node.key", edge / "node.key-cert.pub"
+    key.write_bytes(key_pair.export_private_key())
+    key.chmod(0o600)
+    cert.write_bytes(
+        user_ca.generate_user_certificate(
+            key_pair, f"node:{NODE}", principals=[NODE], serial=serial,
+            valid_after=now - 100, valid_before=now + 50,
+        ).export_certificate()
+    )  # fmt: skip
+    os.utime(cert, (now - 100, now - 100))
+    return key_pair, key, cert
+
+
 async def test_renewal_with_a_new_key_swaps_key_and_certificate(tmp_path: Path) -> None:
     """[gateway] renew_new_key = true, both in this process (the gateway and a real agent):
     a certificate already past two thirds of its life is renewed for a key made then; the
     key file and the certificate are swapped, no <key>.next is left, and the agent is back
     on the gateway with the new pair."""
     pki = make_pki(tmp_path)
-    user_ca = asyncssh.read_private_key(str(pki.ca.user_ca))
-    old_key = asyncssh.generate_private_key("ssh-ed25519")
     now = int(time.time())
-    edge = tmp_path / "edge"
-    edge.mkdir()
-    key, cert = edge / "node.key", edge / "node.key-cert.pub"
-    key.write_bytes(old_key.export_private_key())
-    key.chmod(0o600)
-    cert.write_bytes(
-        user_ca.generate_user_certificate(
-            old_key, f"node:{NODE}", principals=[NODE], serial=900,
-            valid_after=now - 100, valid_before=now + 50,
-        ).export_certificate()
-    )  # fmt: skip
-    os.utime(cert, (now - 100, now - 100))  # written when issued: due since now - 0
+    old_key, key, cert = due_credentials(pki, tmp_path / "edge", serial=900, now=now)
     gw_cfg = gateway_config(pki)
     gw_cfg = dataclasses.replace(
         gw_cfg,
@@ -264,7 +279,7 @@ async def test_renewal_with_a_new_key_swaps_key_and_certificate(tmp_path: Path) 
             new_cert = asyncssh.read_certificate(str(cert))
             assert new_key.public_data != old_key.public_data
             assert new_cert.key.public_data == new_key.public_data
-            assert not (edge / "node.key.next").exists()
+            assert not (key.parent / "node.key.next").exists()
             assert stat.S_IMODE(key.stat().st_mode) == 0o600
             v = certificate_info(new_cert)
             assert v.serial != 900 and v.valid_before >= now + 600 - 5
@@ -278,21 +293,7 @@ async def test_a_refused_renewal_keeps_the_session_and_the_certificate(
     """A gateway with enrollment off refuses the renewal: the agent counts it, keeps its
     session and its certificate file as it was, and does not ask again for 5 minutes."""
     pki = make_pki(tmp_path)
-    user_ca = asyncssh.read_private_key(str(pki.ca.user_ca))
-    key_pair = asyncssh.generate_private_key("ssh-ed25519")
-    now = int(time.time())
-    edge = tmp_path / "edge"
-    edge.mkdir()
-    key, cert = edge / "node.key", edge / "node.key-cert.pub"
-    key.write_bytes(key_pair.export_private_key())
-    key.chmod(0o600)
-    cert.write_bytes(
-        user_ca.generate_user_certificate(
-            key_pair, f"node:{NODE}", principals=[NODE], serial=901,
-            valid_after=now - 100, valid_before=now + 50,
-        ).export_certificate()
-    )  # fmt: skip
-    os.utime(cert, (now - 100, now - 100))
+    _, key, cert = due_credentials(pki, tmp_path / "edge", serial=901, now=int(time.time()))
     before = cert.read_bytes()
     async with running_gateway(gateway_config(pki)) as gateway:  # [enroll] off
         cfg = agent_config(pki, NODE, gateway)
