@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from cloud_gateway.app import Gateway
 from cloud_gateway.enrollment import EnrollSection
 from cloud_gateway.signing import make_enroll_token
-from edge_agent.config import TunnelConfig
+from edge_agent.config import AgentConfig, TunnelConfig
 from edge_agent.enroll import enroll
 from harness.fleet import (
     Pki,
@@ -88,6 +89,13 @@ def proxy_factory(tinyproxy_bin: Path, tmp_path: Path) -> Iterator[type[TinyProx
         proxy.stop()
 
 
+def via_proxy(pki: Pki, node: str, gw: Gateway, port: int, password: str = PASSWORD) -> AgentConfig:
+    """An agent of ``node`` dialling ``gw`` through the proxy on 127.0.0.1:``port``."""
+    cfg = agent_config(pki, node, gw)
+    url = f"http://{USER}:{password}@127.0.0.1:{port}"
+    return dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, proxy=url))
+
+
 def node_series(text: str, node: str) -> int:
     return sum(1 for line in text.splitlines() if f'Hostname="{node}"' in line)
 
@@ -100,9 +108,7 @@ async def test_the_agent_sends_through_tinyproxy(
     node = "edge-proxied"
     async with running_gateway(gateway_config(pki)) as gw:
         proxy = proxy_factory(gw.ssh_port)
-        cfg = agent_config(pki, node, gw)
-        url = f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}"
-        cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, proxy=url))
+        cfg = via_proxy(pki, node, gw, proxy.port)
         async with running_agent(cfg) as agent:
             assert agent.tunnel is not None
             stats = agent.tunnel.stats
@@ -122,9 +128,7 @@ async def test_a_wrong_proxy_port_is_a_clear_error_and_retried(
     caplog.set_level(logging.INFO, logger="edge_agent")
     (dead,) = free_ports(1)
     async with running_gateway(gateway_config(pki)) as gw:
-        cfg = agent_config(pki, "edge-misproxied", gw)
-        url = f"http://{USER}:{PASSWORD}@127.0.0.1:{dead}"
-        cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, proxy=url))
+        cfg = via_proxy(pki, "edge-misproxied", gw, dead)
         async with running_agent(cfg) as agent:
             assert agent.tunnel is not None
             stats = agent.tunnel.stats
@@ -148,9 +152,7 @@ async def test_no_proxy_naming_the_gateway_connects_directly(
     node = "edge-direct"
     async with running_gateway(gateway_config(pki)) as gw:
         proxy = proxy_factory(gw.ssh_port)
-        cfg = agent_config(pki, node, gw)
-        url = f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}"
-        cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, proxy=url))
+        cfg = via_proxy(pki, node, gw, proxy.port)
         async with running_agent(cfg) as agent:
             assert agent.tunnel is not None
             stats = agent.tunnel.stats
@@ -171,9 +173,7 @@ async def test_a_wrong_proxy_password_is_named_as_such(
     caplog.set_level(logging.INFO, logger="edge_agent")
     async with running_gateway(gateway_config(pki)) as gw:
         proxy = proxy_factory(gw.ssh_port)
-        cfg = agent_config(pki, "edge-wrong-password", gw)
-        url = f"http://{USER}:not-it@127.0.0.1:{proxy.port}"
-        cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, proxy=url))
+        cfg = via_proxy(pki, "edge-wrong-password", gw, proxy.port, password="not-it")
         async with running_agent(cfg) as agent:
             assert agent.tunnel is not None
             stats = agent.tunnel.stats
