@@ -47,6 +47,7 @@ from gpurelay.enrollment import (
     REASON_DISABLED,
     REASON_EXPIRED,
     REASON_NOT_A_KEY,
+    REASON_OTHER_NODE,
     REASON_REVOKED,
     REASON_USED,
     RENEW_SUBSYSTEM,
@@ -73,6 +74,7 @@ CLOSE_AFTER_ANSWER_SECONDS = 5.0  # for the client to take the answer and close 
 # A node renews at most this often on one gateway: each certificate is an issued.log line,
 # and a compromised node must not fill the CA's disk (an agent renews once a lifetime).
 RENEW_INTERVAL_SECONDS = 10.0
+RENEWED_PRUNE_AT = 1024  # nodes remembered as renewed before the old ones are dropped
 WEEK = 7 * 86400
 
 
@@ -256,7 +258,7 @@ class Enrollment:
             return
         self.issued[kind] += 1
         if kind == "renew":
-            self._renewed[node] = time.monotonic()
+            self._note_renewal(node, time.monotonic())
         node_log(node).info("%s", issued.describe(kind))
         _finish(process, issued.certificate + "\n", EXIT_OK, stdout=True)
 
@@ -273,6 +275,12 @@ class Enrollment:
             raise GatewayError(f"the token's use cannot be recorded: {exc}") from exc
         if not fresh:
             raise SigningRefused(REASON_USED, "the token was used meanwhile")
+
+    def _note_renewal(self, node: str, now: float) -> None:
+        if len(self._renewed) >= RENEWED_PRUNE_AT:  # bounded: only recent renewals matter
+            interval = self.renew_interval
+            self._renewed = {n: t for n, t in self._renewed.items() if now - t < interval}
+        self._renewed[node] = now
 
     def _renew_budget(self, node: str) -> None:
         last = self._renewed.get(node)
@@ -295,6 +303,7 @@ def _agent_reason(code: str) -> str:
         "enroll_expired": REASON_EXPIRED,
         "enroll_used": REASON_USED,
         "enroll_revoked": REASON_REVOKED,
+        "enroll_other_node": REASON_OTHER_NODE,
     }.get(code, code.removeprefix("enroll_").replace("_", " "))
 
 

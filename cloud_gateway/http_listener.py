@@ -69,8 +69,11 @@ class ConnectionStats:
 class Throttled:
     """One log line per ``every`` seconds at most; the next line counts the ones left out."""
 
-    def __init__(self, level: int, every: float = LOG_EVERY_SECONDS) -> None:
+    def __init__(
+        self, level: int, every: float = LOG_EVERY_SECONDS, logger: logging.Logger | None = None
+    ) -> None:
         self.level, self.every = level, every
+        self._logger = log if logger is None else logger
         self._next = 0.0
         self._left_out = 0
 
@@ -82,7 +85,7 @@ class Throttled:
         if self._left_out:
             message += " (and %d more like it since the last such line)"
             args = (*args, self._left_out)
-        log.log(self.level, message, *args)
+        self._logger.log(self.level, message, *args)
         self._next, self._left_out = now + self.every, 0
 
 

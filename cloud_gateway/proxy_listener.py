@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cloud_gateway.http_listener import Throttled
 from cloud_gateway.proxy_protocol import ProxyHeaderError, Reason, parse
 
 log = logging.getLogger("cloud_gateway.ssh_server.proxy")
@@ -155,7 +156,7 @@ class _HeaderReader(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._listener.refused[reason] += 1
-        log.warning(
+        self._listener.log_refused(reason)(
             "refused a connection from %s before SSH (%s): %s", _show(self._peer), reason, detail
         )
         if self._transport is not None:
@@ -177,6 +178,13 @@ class ProxiedListener:
         self.timeout = timeout
         self.backlog = backlog
         self.refused: Counter[str] = Counter()
+        self._log_refused: dict[str, Throttled] = {}  # a flood: a line per reason per 10 s
+
+    def log_refused(self, reason: str) -> Throttled:
+        """The refusals' log line for ``reason``: one per 10 s at most, counting the rest."""
+        if reason not in self._log_refused:
+            self._log_refused[reason] = Throttled(logging.WARNING, logger=log)
+        return self._log_refused[reason]
 
     def allowed(self, peer: Any) -> bool:
         if not self.allowed_networks:

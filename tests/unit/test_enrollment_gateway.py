@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import asyncssh
@@ -320,3 +321,28 @@ def test_enroll_token_refuses_a_bad_ttl(
     with pytest.raises(SystemExit):
         main(["certs", "enroll-token", "edge-1", "--dir", str(ca.dir), f"--ttl={ttl}"])
     assert "not a duration" in capsys.readouterr().err
+
+
+def test_the_renewal_budget_remembers_only_recent_renewals(ca: certs.CaPaths) -> None:
+    """One renewal per node per renew_interval; the memory of who renewed stays bounded
+    however many nodes renew over time."""
+    enrolling = Enrollment(
+        EnrollSection(enabled=True, user_ca_key=str(ca.user_ca)),
+        trusted_cas=[asyncssh.read_public_key(ca.user_ca_pub)],
+        revocations=None,
+        nonces=MemoryNonces(),
+        signer=LocalSigner(ca.user_ca, revocations=None),
+    )
+    for k in range(5 * enrollment.RENEWED_PRUNE_AT):  # a day of renewals, 1 s apart
+        enrolling._note_renewal(f"edge-{k}", float(k))
+    assert len(enrolling._renewed) <= enrollment.RENEWED_PRUNE_AT
+    enrolling._note_renewal("edge-x", time.monotonic())
+    with pytest.raises(SigningRefused) as refused:
+        enrolling._renew_budget("edge-x")
+    assert refused.value.reason == "renewed too recently"
+
+
+def test_a_token_for_another_node_is_refused_with_the_contracts_reason() -> None:
+    from gpurelay.enrollment import REASON_OTHER_NODE
+
+    assert enrollment._agent_reason("enroll_other_node") == REASON_OTHER_NODE
