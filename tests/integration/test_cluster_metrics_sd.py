@@ -13,8 +13,9 @@ import pytest
 
 from cloud_gateway.directory_pg import PostgresDirectory
 from harness.fleet import agent_config, make_pki, running_agent, running_gateway
+from harness.fleet import cluster_member as member
 from harness.waiting import wait_for
-from tests.integration.test_cluster_gateways import AUTH, member
+from tests.integration.test_cluster_gateways import AUTH
 from tests.integration.test_cluster_membership import FACTS
 
 
