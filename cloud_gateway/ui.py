@@ -207,17 +207,12 @@ def node_page(state: HttpState, request: web.Request) -> web.Response:
     times, recent = state.history.of(name)
     processes, process_count = _processes(state, name)
     gpus = [
-        GpuRow(
-            index=str(g.index),
-            model=g.name,
-            uuid=g.uuid,
-            pci_bus_id=g.pci_bus_id,
-            healthy=g.healthy,
+        GpuRow.of(
+            g,
             util=util.get(str(g.index)),
             mem_used=used.get(str(g.index)),
-            mem_total=total.get(str(g.index), g.memory_total_bytes / 2**20 or None),
-            recent_util=recent.get(str(g.index), ([], []))[0],
-            recent_mem=recent.get(str(g.index), ([], []))[1],
+            mem_total=total.get(str(g.index)),
+            recent=recent.get(str(g.index), ([], [])),
         )
         for g in view.gpus
     ]

@@ -31,6 +31,31 @@ class GpuRow:
     recent_util: list[float] = field(default_factory=list)
     recent_mem: list[float] = field(default_factory=list)
 
+    @classmethod
+    def of(
+        cls,
+        g: GpuInventory,
+        *,
+        util: float | None = None,
+        mem_used: float | None = None,
+        mem_total: float | None = None,
+        recent: tuple[list[float], list[float]] = ([], []),
+    ) -> GpuRow:
+        """A GPU of the node's HELLO inventory, with what is known of it now (the memory
+        total from the inventory unless a live value is given)."""
+        return cls(
+            index=str(g.index),
+            model=g.name,
+            uuid=g.uuid,
+            pci_bus_id=g.pci_bus_id,
+            healthy=g.healthy,
+            util=util,
+            mem_used=mem_used,
+            mem_total=mem_total if mem_total is not None else g.memory_total_bytes / 2**20 or None,
+            recent_util=recent[0],
+            recent_mem=recent[1],
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessRow:
@@ -81,19 +106,7 @@ class NodePage:
             now=now,
             held=False,
         )
-        rows = [
-            GpuRow(
-                index=str(g.index),
-                model=g.name,
-                uuid=g.uuid,
-                pci_bus_id=g.pci_bus_id,
-                healthy=g.healthy,
-                util=None,
-                mem_used=None,
-                mem_total=g.memory_total_bytes / 2**20 or None,
-            )
-            for g in gpus
-        ]
+        rows = [GpuRow.of(g) for g in gpus]
         return cls(
             row=row,
             backend=doc["backend"],
