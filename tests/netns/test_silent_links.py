@@ -188,8 +188,14 @@ def test_a_silent_link_is_noticed_in_a_few_intervals_and_data_resumes_within_sec
 def test_a_lossy_link_is_not_reported_late_and_loses_nothing(site: Site) -> None:
     """Row 6: a fifth of the packets lost, both ways, for 45 s: TCP retransmits and some
     batches arrive seconds late, but the node sends, so it stays online; the gateway's
-    margin for it grows from what it measures."""
-    site.uplink.lossy(0.2)
+    margin for it grows from what it measures.
+
+    Every 5th packet, not each with probability 0.2: random loss now and then drops one
+    retransmission after another, and TCP's doubling timeout then stalls the connection
+    past the node's offline threshold (once in .ci/run: offline 27.6 s into the loss,
+    83 packets dropped). That stall is then reported correctly, but it is luck, not what
+    this test is about; tests/netns/test_uplink.py checks the random mode's share."""
+    site.uplink.drop_every(5)
     watch = Watch(time.time())
     watch.poll(site, watch.started + 45)
     dropped = site.uplink.dropped()  # before restore() flushes the rule and its counter
@@ -203,7 +209,7 @@ def test_a_lossy_link_is_not_reported_late_and_loses_nothing(site: Site) -> None
         None,
     )
     summary = (
-        f"20 % loss for 45 s ({dropped} packets dropped): node_up 0 at {watch.down}, "
+        f"every 5th packet lost for 45 s ({dropped} packets dropped): node_up 0 at {watch.down}, "
         f"stale at {watch.stale}, offline at {watch.offline}; late after {late_after}s now"
     )
     print(summary)

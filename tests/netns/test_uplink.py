@@ -6,6 +6,7 @@ until the link goes silent, then again once it is restored."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import socket
 import socketserver
@@ -151,6 +152,28 @@ def test_lossy_drops_about_the_given_share(uplink: Uplink) -> None:
     # 100 expected, standard deviation 9: bounds at more than 4 sigma
     assert 60 <= counters.dropped <= 140, report
     assert len(received) == count - counters.dropped, report
+
+
+def test_drop_every_drops_exactly_that_share_and_never_two_in_a_row(uplink: Uplink) -> None:
+    count = 500
+    received: list[int] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        sink.bind((uplink.gateway_host, 0))
+        sink.settimeout(0.5)
+        port = sink.getsockname()[1]
+        sink.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 4 << 20)
+        uplink.drop_every(5)
+        from_edge(uplink, SENDER, uplink.gateway_host, port, count)
+        while True:
+            try:
+                received.append(int(sink.recv(64).split(b" ")[0]))
+            except (TimeoutError, ValueError):
+                break
+    counters = uplink.counters()
+    report = f"{counters}, received {len(received)} of {count}"
+    assert counters.seen == count and counters.dropped == count // 5, report
+    gaps = [b - a for a, b in itertools.pairwise(received)]
+    assert len(received) == count - count // 5 and max(gaps) == 2, report
 
 
 def test_nothing_is_left_behind_on_exit_on_error_or_by_a_dead_process(netns_ok: None) -> None:
