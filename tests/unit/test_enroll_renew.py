@@ -6,10 +6,14 @@ tests/integration/test_enroll_renew_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import stat
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,6 +35,7 @@ from edge_agent.renew import RETRY_SECONDS, Renewer
 from gpurelay.enrollment import ENROLL_USER_PREFIX, sign_token
 from gpurelay.files import write_atomic
 from gpurelay.model import Family
+from tests.conftest import small_tmpfs
 
 NODE = "edge-7"
 NONCE = "0123456789abcdef0123456789abcdef"
@@ -68,7 +73,11 @@ def credentials(
     key_path.chmod(0o600)
     (tmp_path / "node.key-cert.pub").write_bytes(cert.export_certificate())
     os.utime(tmp_path / "node.key-cert.pub", (0, 0))  # written before the validity starts
-    return TunnelConfig(key=key_path, known_hosts=tmp_path / "known_hosts")
+    return credentials_in(tmp_path)
+
+
+def credentials_in(directory: Path) -> TunnelConfig:
+    return TunnelConfig(key=directory / "node.key", known_hosts=directory / "known_hosts")
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -246,22 +255,39 @@ async def test_a_failed_renewal_is_counted_logged_and_retried_after_five_minutes
     assert cfg.certificate_path.read_bytes() == cert.export_certificate()  # untouched
 
 
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[Path]:
+    """``directory`` (in it: the credentials) made read-only for this process: a mode
+    without write for a user; for root, which a mode does not stop, a read-only
+    filesystem (a tmpfs remounted read-only, like a Kubernetes Secret's volume)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o500)
+        try:
+            yield directory
+        finally:
+            directory.chmod(0o700)
+        return
+    with small_tmpfs(directory.parent / "ro-mount", "1m") as mnt:
+        for item in directory.iterdir():
+            shutil.copy2(item, mnt / item.name)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True, timeout=10)
+        yield mnt
+
+
 async def test_a_read_only_directory_fails_before_the_gateway_is_asked(
     tmp_path: Path, ca: asyncssh.SSHKey
 ) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root writes into a read-only directory")
     key = asyncssh.generate_private_key("ssh-ed25519")
     cert = user_cert(ca, key, valid_after=0, valid_before=900)
-    cfg = credentials(tmp_path, cert, key)
-    renewer = Renewer(cfg, node=NODE, clock=lambda: 800.0)
-    renewer.loaded(cert)
-    conn = RefusingConnection()
-    tmp_path.chmod(0o500)
-    try:
+    written = tmp_path / "creds"
+    written.mkdir()
+    credentials(written, cert, key)
+    with read_only(written) as where:
+        cfg = credentials_in(where)
+        renewer = Renewer(cfg, node=NODE, clock=lambda: 800.0)
+        renewer.loaded(cert)
+        conn = RefusingConnection()
         assert not await renewer.renew(conn)  # type: ignore[arg-type]
-    finally:
-        tmp_path.chmod(0o700)
     assert conn.asked == 0 and renewer.stats.failures == 1
 
 
