@@ -166,6 +166,7 @@ class Gateway:
         self.http.directory = self.link
         self.certificates = self.http.certificates  # node certificate expiry (the tick's)
         self.peer_runner: web.AppRunner | None = None
+        self.peer_guard: ConnectionGuard | None = None
         self.peer_port = 0
         self.runner: web.AppRunner | None = None
         self.ssh_port = 0
@@ -264,7 +265,7 @@ class Gateway:
         token = self.cfg.cluster.peer_token()
         self.proxy.peers = PeerClient(token, self.link.owner)
         host, port = split_host_port(self.cfg.cluster.peer_listen, "cluster.peer_listen")
-        self.peer_runner, _, self.peer_port = await start_peer_listener(
+        self.peer_runner, self.peer_guard, self.peer_port = await start_peer_listener(
             self.proxy, token, host, port
         )
         if not self.cfg.cluster.advertise:  # peer_listen as bound (port 0: the one chosen)
@@ -324,6 +325,7 @@ class Gateway:
                 remote_write=self.remote_write.stats if self.remote_write else None,
                 forwarding=self.ingest.forward_stats,
                 cluster=self.link.cluster,
+                peer_connections=self.peer_guard.stats if self.peer_guard else None,
                 certificates=self.certificates.family(self.registry.config.node_label),
                 issued=self.ssh.policy.enrollment.issued if self.ssh.policy.enrollment else None,
             ),

@@ -235,6 +235,21 @@ CL_LEADER = _family(
     "1 while this gateway leads (answers for the nodes of dead gateways)" + _IN + ".",
 )
 CL_FENCED = _family(_CL + "fenced", "gauge", "1 while this gateway is fenced" + _IN + ".")
+CL_THROTTLED = _family(
+    _CL + "claims_throttled_total",
+    "counter",
+    "Connections refused without a claim: the node connected too often to this gateway "
+    "(a reconnect loop)" + _IN + ".",
+)
+CL_PEER_OPEN = _family(
+    _CL + "peer_connections", "gauge", "Open connections to the peer listener" + _IN + "."
+)
+CL_PEER_CLOSED = _family(
+    _CL + "peer_connections_closed_total",
+    "counter",
+    "Peer-listener connections the gateway closed or refused, by reason as for "
+    "gpurelay_gateway_http_connections_closed_total" + _IN + ".",
+)
 DIRECTORY_OPERATIONS = ("claim", "release", "heartbeat", "listen", "entries", "leader")
 
 OTHER = "other"
@@ -287,6 +302,7 @@ def gateway_families(
     certificates: FamilySamples | None = None,
     proxy_refused: Mapping[str, int] | None = None,
     issued: Mapping[str, int] | None = None,
+    peer_connections: ConnectionStats | None = None,
 ) -> list[FamilySamples]:
     """``certificates``: the nodes' certificate expiry (:mod:`cloud_gateway.cert_expiry`)."""
     by_state = {s: 0 for s in ("online", "stale", "offline")}
@@ -332,19 +348,24 @@ def gateway_families(
     if remote_write is not None:
         families += _remote_write(remote_write, forwarding or ForwardStats())
     if cluster is not None:
-        families += cluster_families(cluster)
+        families += cluster_families(cluster, peer_connections)
     if certificates is not None:
         families.append(certificates)
     return families
 
 
-def cluster_families(cluster: Cluster) -> list[FamilySamples]:
+def cluster_families(cluster: Cluster, peers: ConnectionStats | None = None) -> list[FamilySamples]:
+    """``peers``: the peer listener's connections (none before it listens)."""
     stats = cluster.stats
     members = sum(1 for m in cluster.members if m.alive(cluster.ttl_seconds))
+    peers = peers or ConnectionStats()
     return [
         _one(CL_MEMBERS, members),
         _one(CL_OWNED, len(cluster.owned)),
         _one(CL_CLAIMS, stats.claims),
+        _one(CL_THROTTLED, stats.claims_throttled),
+        _one(CL_PEER_OPEN, peers.open),
+        _fixed(CL_PEER_CLOSED, "reason", peers.closed, CLOSE_REASONS, zeros=True),
         _one(CL_LOST, stats.lost_claims),
         _one(CL_FENCING, stats.fencing_events),
         _fixed(CL_ERRORS, "operation", stats.directory_errors, DIRECTORY_OPERATIONS, zeros=True),
