@@ -90,7 +90,7 @@ def _sha256(text: str) -> str:
 
 CSP: Final = (
     f"default-src 'none'; script-src '{_sha256(SCRIPT)}'; style-src '{_sha256(STYLE)}'; "
-    "img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    "img-src 'self' data:; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 
 
@@ -178,6 +178,8 @@ def page(title: str, body: str) -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f'<meta name="referrer" content="no-referrer"><title>{esc(title)}</title>'
+        # no icon: else the browser asks for /favicon.ico, a 404 in its console
+        '<link rel="icon" href="data:,">'
         f"<style>{STYLE}</style></head><body>{body}<script>{SCRIPT}</script></body></html>"
     )
 

@@ -182,7 +182,11 @@ async def test_security_headers_and_the_csp_allows_exactly_the_inline_script_and
             assert "style" not in attrs, tag  # style attributes: refused by the CSP
             assert not any(a.startswith("on") for a in attrs), tag
             assert not {"src", "srcset"} & set(attrs), tag  # nothing loaded from anywhere
+        # an icon of its own (empty, inline): else a browser asks for /favicon.ico (404)
+        icons = [a for tag, a in parse(body).tags if tag == "link" and a.get("rel") == "icon"]
+        assert icons == [{"rel": "icon", "href": "data:,"}], icons
     assert "default-src 'none'" in CSP and "unsafe-inline" not in CSP and "http" not in CSP
+    assert "img-src 'self' data:;" in CSP  # the empty icon
 
 
 async def test_hostile_node_strings_are_escaped_everywhere() -> None:
