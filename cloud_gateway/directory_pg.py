@@ -158,6 +158,12 @@ def _error(what: str, exc: BaseException) -> DirectoryError:
     return DirectoryError(f"PostgreSQL node directory: {what}: {exc}")
 
 
+def _failures() -> tuple[type[BaseException], ...]:
+    import asyncpg  # what the driver raises when PostgreSQL, or the way to it, fails
+
+    return (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+
 class PostgresDirectory(PgNonces):
     """One connection pool; a separate connection LISTENs for claims (``on_claim``)."""
 
@@ -178,8 +184,12 @@ class PostgresDirectory(PgNonces):
             raise DirectoryError("PostgreSQL node directory is not open")
         try:
             async with self._pool.acquire() as conn:
-                return await fn(conn)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+                try:
+                    return await fn(conn)
+                except asyncpg.InternalClientError:  # left mid-operation: not to be reused
+                    conn.terminate()
+                    raise
+        except _failures() as exc:
             raise _error(what, exc) from exc
 
     async def open(self) -> Sequence[NodeEntry]:
@@ -194,7 +204,7 @@ class PostgresDirectory(PgNonces):
                 command_timeout=COMMAND_TIMEOUT_SECONDS,
                 reset=_keep_session,
             )
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except _failures() as exc:
             raise _error(f"cannot connect ({_safe(self.dsn)})", exc) from exc
         await self._run("migrating the schema", self._migrate)
         if self.on_claim is not None:
@@ -239,7 +249,7 @@ class PostgresDirectory(PgNonces):
         try:
             self._listener = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_SECONDS)
             await self._listener.add_listener(CHANNEL, self._notified)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except _failures() as exc:
             raise _error("cannot listen for claims", exc) from exc
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
@@ -403,7 +413,7 @@ class PostgresDirectory(PgNonces):
         (on the same connection, kept open: no connection per try)."""
         import asyncpg
 
-        errors = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+        errors = _failures()
         conn = self._leader
         if self.leading and conn is not None and not conn.is_closed():
             try:
