@@ -336,7 +336,8 @@ class Gateway:
     async def run(self) -> None:
         while not self.stop.is_set():
             with suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), TICK_SECONDS)
+                async with asyncio.timeout(TICK_SECONDS):
+                    await self.stop.wait()
                 break
             self._refresh()
             await self.link.tick(time.monotonic())

@@ -227,7 +227,8 @@ class Enrollment:
         node = token.node if token is not None else username
         wanted = ENROLL_SUBSYSTEM if token is not None else RENEW_SUBSYSTEM
         try:  # read first: a client that writes its key, then reads, is told why
-            public_key = await asyncio.wait_for(_read_key(process), KEY_TIMEOUT_SECONDS)
+            async with asyncio.timeout(KEY_TIMEOUT_SECONDS):
+                public_key = await _read_key(process)
             if process.subsystem != wanted:
                 raise SigningRefused(
                     f"only the {wanted} subsystem is offered on this connection",
@@ -335,7 +336,8 @@ def _finish(
 
 async def refuse_disabled(process: asyncssh.SSHServerProcess[bytes], username: str) -> None:
     with contextlib.suppress(TimeoutError, SigningRefused, OSError, asyncssh.Error):
-        await asyncio.wait_for(_read_key(process), KEY_TIMEOUT_SECONDS)
+        async with asyncio.timeout(KEY_TIMEOUT_SECONDS):
+            await _read_key(process)
     node_log(username).warning(
         "refused %s from %r: enrollment is disabled ([enroll] enabled = false)",
         process.subsystem,
@@ -437,7 +439,8 @@ async def serve_enrollment(
     )
     if answering:  # answered: nothing more to do here, whatever the answer was
         with contextlib.suppress(TimeoutError):  # the client takes it and closes its channel
-            await asyncio.wait_for(process.channel.wait_closed(), CLOSE_AFTER_ANSWER_SECONDS)
+            async with asyncio.timeout(CLOSE_AFTER_ANSWER_SECONDS):
+                await process.channel.wait_closed()
         conn.close()
 
 

@@ -255,7 +255,8 @@ class Proxy:
             channel.close()
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
         try:
-            reader, writer = await asyncio.wait_for(conn.open_connection(node, port), remaining)
+            async with asyncio.timeout(remaining):
+                reader, writer = await conn.open_connection(node, port)
         except TimeoutError as exc:
             raise ProxyError(504, f"timed out opening a channel to {node}:{port}") from exc
         except asyncssh.ChannelOpenError as exc:

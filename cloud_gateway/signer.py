@@ -104,7 +104,8 @@ class SignerServer:
         try:
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_SECONDS)
+                    async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
+                        line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
                     await _reply(writer, {"error": "request too long"})
                     return
@@ -215,7 +216,8 @@ class SocketSigner:
             "lifetime_seconds": lifetime_seconds,
         }
         try:
-            answer = await asyncio.wait_for(self._ask(request), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                answer = await self._ask(request)
         except (OSError, TimeoutError, ValueError) as exc:
             raise SignerUnavailable(
                 f"signer socket {self.socket_path}: {getattr(exc, 'strerror', None) or exc!r}"

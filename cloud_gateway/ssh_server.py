@@ -299,7 +299,8 @@ class _TelemetryChannel:
         timeout = self._server.frame_timeout
         left = self._partial_since + timeout - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(self._process.stdin.read(READ_CHUNK), max(left, 0))
+            async with asyncio.timeout(max(left, 0)):
+                return await self._process.stdin.read(READ_CHUNK)
         except TimeoutError:
             raise WireError(
                 "incomplete",

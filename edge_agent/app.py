@@ -43,6 +43,7 @@ from edge_agent.tunnel_types import PublishedEndpoint
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Snapshot
 from gpurelay.sdnotify import notify
+from gpurelay.tasks import stop_task
 from gpurelay.wire import Hello
 
 log = logging.getLogger("edge_agent")
@@ -408,10 +409,9 @@ class Agent:
 
     async def shutdown(self) -> None:
         notify("STOPPING=1")
-        if self._tunnel_task is not None:
-            self._tunnel_task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._tunnel_task
+        if self._tunnel_task is not None:  # cancelled again if it lost a cancellation
+            node = self.pipeline.node if self.pipeline is not None else "?"
+            await stop_task(self._tunnel_task, what=f"node {node}: the tunnel")
         if self.tunnel is not None:
             self.tunnel.outbox.close()
         if self.listening is not None:

@@ -34,15 +34,15 @@ async def dial(host: str, port: int, timeout: float) -> socket.socket:
     answered in time, ``OSError`` when one refused or was unreachable."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    infos = await asyncio.wait_for(
-        loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), max(timeout, 0.001)
-    )
+    async with asyncio.timeout(max(timeout, 0.001)):
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError | None = None
     for family, kind, proto, _name, address in infos:
         sock = socket.socket(family, kind, proto)
         sock.setblocking(False)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, address), deadline - loop.time())
+            async with asyncio.timeout_at(deadline):
+                await loop.sock_connect(sock, address)
         except TimeoutError:
             sock.close()
             raise PathSilent(

@@ -184,10 +184,10 @@ class Renewer:
             raise RenewalFailed(f"node key {self._key_path} cannot be read: {exc}") from exc
         public = key.export_public_key("openssh").decode("ascii")
         try:
-            result = await asyncio.wait_for(
-                conn.run(subsystem=RENEW_SUBSYSTEM, input=public, check=False, encoding="utf-8"),
-                TIMEOUT_SECONDS,
-            )
+            async with asyncio.timeout(TIMEOUT_SECONDS):
+                result = await conn.run(
+                    subsystem=RENEW_SUBSYSTEM, input=public, check=False, encoding="utf-8"
+                )
         except TimeoutError:
             raise RenewalFailed(f"no answer from the gateway within {TIMEOUT_SECONDS:g}s") from None
         except (OSError, asyncssh.Error) as exc:

@@ -330,8 +330,10 @@ class Tunnel:
     ) -> asyncssh.SSHClientConnection:
         """SSH over the dialled socket: key exchange, host key check, login."""
         try:
-            conn = await asyncio.wait_for(
-                asyncssh.connect(
+            # asyncio.timeout, not wait_for: wait_for (3.11) drops a cancellation that
+            # comes as the login ends, and the agent never stops (gpurelay.tasks)
+            async with asyncio.timeout(self._cfg.connect_timeout_seconds):
+                conn = await asyncssh.connect(
                     host,
                     port,
                     sock=sock,
@@ -343,9 +345,7 @@ class Tunnel:
                     keepalive_interval=self._cfg.keepalive_seconds,
                     keepalive_count_max=self._cfg.keepalive_count_max,
                     encryption_algs=list(self._cfg.ciphers),
-                ),
-                timeout=self._cfg.connect_timeout_seconds,
-            )
+                )
         except asyncssh.PermissionDenied as exc:
             self.stats.fail("auth", str(exc))
             raise TunnelError(
@@ -470,7 +470,8 @@ class Tunnel:
                     await writer.drain()
                     continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wakeup.wait()
 
     def _inbound(self) -> Inbound:
         """The reader of what the gateway sends on this session."""

@@ -50,7 +50,8 @@ class Inbound:
         decoder = FrameDecoder()
         while True:
             try:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK), silence)
+                async with asyncio.timeout(silence):
+                    data = await reader.read(READ_CHUNK)
             except TimeoutError:
                 message = (
                     f"nothing from the gateway for {silence:g}s (gateway.silence_timeout_"

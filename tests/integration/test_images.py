@@ -45,6 +45,10 @@ GATEWAY_UID = 65532
 TOKEN = "image-test-token"
 NODE = "image-node"
 
+# The first test builds both images (debootstrap from the Debian mirror: build.sh may take
+# its 900 s); the default 600 s per test would cut that.
+pytestmark = pytest.mark.timeout(1200)
+
 # Run a command in an unpacked image: a private mount namespace (the mounts vanish with
 # the process), /proc and /dev as a runtime gives them, then chroot as the image's user.
 IN_IMAGE = """set -e
