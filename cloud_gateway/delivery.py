@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Final
 
@@ -36,6 +35,7 @@ from cloud_gateway.forwarding import (
 )
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.seqranges import DEFAULT_MAX_RANGES, SeqRanges
+from gpurelay.tasks import stop_tasks
 from gpurelay.wire import Ack, Frame
 
 NO_ACKS: Final[tuple[Frame, ...]] = ()
@@ -101,9 +101,9 @@ class Delivery:
         """Stop every forwarder (before the remote writer closes); what they held stays
         unacknowledged, so the agents send it again."""
         tasks = [t for s in list(self._sessions) if (t := s.close()) is not None]
-        for task in tasks:
-            with suppress(asyncio.CancelledError):
-                await task
+        # Bounded, cancelled again if a send lost its cancellation (gpurelay.tasks), and
+        # not `suppress(CancelledError): await task`, which swallows our caller's too.
+        await stop_tasks(tasks, what="remote write forwarder")
 
     def _closed(self, session: NodeDelivery) -> None:
         self._sessions.discard(session)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 log = logging.getLogger("gpurelay.tasks")
 
@@ -47,3 +49,19 @@ async def stop_task(
     if not task.cancelled():
         task.exception()  # retrieved: it ended on its own, its caller logged it or not
     return True
+
+
+async def stop_tasks(
+    tasks: Iterable[asyncio.Task[Any]],
+    *,
+    grace: float = 10.0,
+    every: float = 0.5,
+    what: str = "task",
+) -> list[asyncio.Task[Any]]:
+    """:func:`stop_task` for each of ``tasks`` at the same time (one ``grace`` in all, not
+    one each); the tasks still running after it, each logged as ``what`` and its name."""
+    pending = list(tasks)
+    stopped = await asyncio.gather(
+        *(stop_task(t, grace=grace, every=every, what=f"{what} {t.get_name()}") for t in pending)
+    )
+    return [t for t, ok in zip(pending, stopped, strict=True) if not ok]

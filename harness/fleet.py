@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,14 @@ from cloud_gateway.cluster_config import ClusterSection
 from cloud_gateway.config import GatewayConfig, HttpConfig, RegistrySection, SshConfig
 from edge_agent.app import Agent
 from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig, TunnelConfig
+from gpurelay.tasks import stop_task
+from harness.process import HarnessError
 
 TOKEN = "test-operator-token"
+# running_gateway/running_agent: how long run() may take to end once told to stop, and
+# shutdown() to finish; above aiohttp's 60 s for a request still being handled at
+# cleanup, well below pytest-timeout's 600 s
+STOP_SECONDS = 120.0
 
 
 @dataclass
@@ -95,10 +101,7 @@ async def running_gateway(cfg: GatewayConfig) -> AsyncIterator[Gateway]:
     try:
         yield gateway
     finally:
-        gateway.stop.set()
-        with suppress(asyncio.CancelledError):
-            await task
-        await gateway.shutdown()
+        await _stop(gateway, task, "gateway")
 
 
 def agent_config(
@@ -143,10 +146,33 @@ async def running_agent(cfg: AgentConfig) -> AsyncIterator[Agent]:
     try:
         yield agent
     finally:
-        agent.stop.set()
-        with suppress(asyncio.CancelledError):
-            await task
-        await agent.shutdown()
+        await _stop(agent, task, "agent")
+
+
+async def _stop(app: Agent | Gateway, task: asyncio.Task[None], what: str) -> None:
+    """Stop ``app`` as its service does (stop, then shutdown), each within STOP_SECONDS:
+    a run that does not end when told, or a shutdown that hangs, fails the test with
+    HarnessError now instead of at pytest-timeout's 600 s with nothing named. The run is
+    cancelled (again while it swallows that) and the shutdown done all the same."""
+    app.stop.set()
+    await asyncio.wait([task], timeout=STOP_SECONDS)
+    stuck = not task.done()
+    if stuck:
+        await stop_task(task, grace=STOP_SECONDS, what=f"the {what}'s run()")
+    try:
+        async with asyncio.timeout(STOP_SECONDS):
+            await app.shutdown()
+    except TimeoutError:
+        raise HarnessError(
+            f"the {what}'s shutdown did not finish within {STOP_SECONDS:g} s"
+        ) from None
+    if stuck:
+        raise HarnessError(f"the {what}'s run() did not stop within {STOP_SECONDS:g} s of stop")
+    tunnel = getattr(app, "_tunnel_task", None)  # Agent.shutdown only logs one left running
+    if tunnel is not None and not tunnel.done():
+        raise HarnessError(f"the {what}'s tunnel still runs after its shutdown")
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        raise exc  # run() failed: as before, the test sees why
 
 
 def with_port(cfg: GatewayConfig, ssh_port: int) -> GatewayConfig:

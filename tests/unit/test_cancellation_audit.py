@@ -1,0 +1,208 @@
+"""What stops at shutdown stops, even when a cancellation was lost on the way.
+
+The 78-minute CI hang (see gpurelay.tasks and tests/unit/test_tunnel_cancel.py) was a
+cancellation lost in a retry loop and a shutdown that awaited that loop without a bound.
+These tests put a lost cancellation in the other places that await a task at shutdown:
+the gateway's remote write forwarders (Gateway.shutdown -> Ingest.aclose ->
+Delivery.aclose) and the harness's running_gateway/running_agent teardown, which tests
+use everywhere (a hung teardown costs pytest-timeout's 600 s and names nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import pytest
+
+import harness.fleet
+from cloud_gateway.delivery import Delivery
+from cloud_gateway.forwarding import Collection
+from cloud_gateway.remote_write import RemoteWriteUnavailable
+from gpurelay.tasks import stop_tasks
+from harness.process import HarnessError
+
+LOG = logging.getLogger("test.cancellation_audit")
+
+
+class LosesOneCancellation:
+    """A remote writer whose send, cancelled, raises RemoteWriteUnavailable instead (once):
+    a client library's timeout that dropped the cancellation arriving with its expiry
+    (Python 3.11's wait_for does that) looks exactly like this to the forwarder."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+        self.lost = 0
+
+    async def send(self, series: object) -> None:
+        self.sends += 1
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if self.lost:
+                raise
+            self.lost += 1
+            raise RemoteWriteUnavailable(None, "read timed out", "http://receiver") from None
+
+
+async def test_gateway_forwarders_stop_even_if_one_lost_its_cancellation() -> None:
+    writer = LosesOneCancellation()
+    delivery = Delivery(remote_write=writer)  # type: ignore[arg-type]
+    session = delivery.open("n", log=LOG, send=lambda _f: None, failed=lambda _r: None)
+    session.take(
+        1,
+        apply=lambda _duplicate: None,
+        collection=lambda: Collection(
+            seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
+        ),
+    )
+    for _ in range(100):
+        if writer.sends:
+            break
+        await asyncio.sleep(0.01)
+    assert writer.sends == 1
+    # Before: aclose awaited the forwarder once cancelled; it took the lost cancellation
+    # for a failed send and waited for more to send, and Gateway.shutdown with it. (This
+    # timeout did not even fail: aclose swallowed its cancellation, see the next test.)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with asyncio.timeout(5):
+        await delivery.aclose()
+    assert loop.time() - started < 2.0  # cancelled again 0.5 s later: it stops then
+    assert writer.lost == 1
+
+
+class Held:
+    """A remote writer whose send never ends (until cancelled)."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    async def send(self, series: object) -> None:
+        self.sends += 1
+        await asyncio.sleep(3600)
+
+
+async def test_closing_the_forwarders_keeps_a_cancellation_of_its_caller() -> None:
+    """Before: ``with suppress(CancelledError): await task`` also swallowed the
+    cancellation of the task calling aclose (a shutdown under a timeout): it returned as
+    if done, and that timeout never fired."""
+    writer = Held()
+    delivery = Delivery(remote_write=writer)  # type: ignore[arg-type]
+    session = delivery.open("n", log=LOG, send=lambda _f: None, failed=lambda _r: None)
+    session.take(
+        1,
+        apply=lambda _duplicate: None,
+        collection=lambda: Collection(
+            seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
+        ),
+    )
+    for _ in range(100):
+        if writer.sends:
+            break
+        await asyncio.sleep(0.01)
+    closer = asyncio.create_task(delivery.aclose())
+    await asyncio.sleep(0)  # aclose has cancelled the forwarder and waits for it
+    closer.cancel()
+    await asyncio.wait([closer], timeout=5)
+    assert closer.cancelled()
+
+
+async def test_stop_tasks_stops_them_together_and_names_what_stayed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = asyncio.Event()
+
+    async def stubborn() -> None:  # swallows every cancellation until released
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    quick = [asyncio.create_task(asyncio.sleep(3600)) for _ in range(3)]
+    stuck = asyncio.create_task(stubborn(), name="stubborn")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    left = await stop_tasks([*quick, stuck], grace=0.3, every=0.05, what="test task")
+    assert loop.time() - started < 1.0  # together: not one grace after another
+    assert left == [stuck] and all(t.cancelled() for t in quick)
+    assert "stubborn" in caplog.text and "did not stop" in caplog.text
+    release.set()
+    stuck.cancel()
+    await asyncio.wait([stuck])
+
+
+class FakeApp:
+    """An Agent or Gateway as the harness drives it: startup, run, stop, shutdown. Its run
+    ignores ``stop`` and swallows the first ``swallow`` cancellations (a lost one)."""
+
+    def __init__(self, cfg: Any, *, swallow: int = 1, ignore_stop: bool = True) -> None:
+        self.stop = asyncio.Event()
+        self.swallow = swallow
+        self.ignore_stop = ignore_stop
+        self.shut_down = False
+
+    async def startup(self) -> None:
+        pass
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if self.ignore_stop:
+                    await asyncio.sleep(3600)
+                else:
+                    await self.stop.wait()
+                    return
+            except asyncio.CancelledError:
+                if self.swallow <= 0:
+                    raise
+                self.swallow -= 1
+
+    async def shutdown(self) -> None:
+        self.shut_down = True
+
+
+@pytest.mark.parametrize("which", ["running_agent", "running_gateway"])
+async def test_a_run_that_ignores_stop_fails_the_teardown_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    apps: list[FakeApp] = []
+
+    def make(cfg: Any) -> FakeApp:
+        apps.append(FakeApp(cfg))
+        return apps[-1]
+
+    monkeypatch.setattr(harness.fleet, "Agent", make)
+    monkeypatch.setattr(harness.fleet, "Gateway", make)
+    monkeypatch.setattr(harness.fleet, "STOP_SECONDS", 0.2)
+    running = getattr(harness.fleet, which)
+    with pytest.raises(HarnessError, match=r"did not stop within 0\.2 s"):
+        async with asyncio.timeout(10):  # before: the teardown awaited run() for ever
+            async with running(object()):
+                pass
+    assert apps[0].shut_down  # shut down all the same: its sockets and tasks go
+
+
+async def test_a_run_that_stops_when_told_tears_down_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = FakeApp(None, swallow=0, ignore_stop=False)
+    monkeypatch.setattr(harness.fleet, "Agent", lambda _cfg: app)
+    async with harness.fleet.running_agent(object()) as agent:  # type: ignore[arg-type]
+        assert agent is app
+    assert app.shut_down
+
+
+async def test_a_shutdown_that_hangs_fails_the_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = FakeApp(None, swallow=0, ignore_stop=False)
+
+    async def hang() -> None:
+        await asyncio.sleep(3600)
+
+    app.shutdown = hang  # type: ignore[method-assign]
+    monkeypatch.setattr(harness.fleet, "Agent", lambda _cfg: app)
+    monkeypatch.setattr(harness.fleet, "STOP_SECONDS", 0.2)
+    with pytest.raises(HarnessError, match=r"shutdown did not finish within 0\.2 s"):
+        async with asyncio.timeout(10):
+            async with harness.fleet.running_agent(object()):  # type: ignore[arg-type]
+                pass
