@@ -9,9 +9,11 @@ use everywhere (a hung teardown costs pytest-timeout's 600 s and names nothing).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,3 +208,63 @@ async def test_a_shutdown_that_hangs_fails_the_teardown(monkeypatch: pytest.Monk
         async with asyncio.timeout(10):
             async with harness.fleet.running_agent(object()):  # type: ignore[arg-type]
                 pass
+
+
+# ---- no asyncio.wait_for under product code, ours or asyncssh's ------------------------
+
+PRODUCT = ("gpurelay", "edge_agent", "cloud_gateway")
+# asyncssh wraps these in asyncio.wait_for(..., connect_timeout): None (the default, and
+# what config=None leaves; ~/.ssh/config's ConnectTimeout would set it) awaits directly
+ASYNCSSH_WAIT_FOR = {"connect", "connect_reverse", "listen_reverse", "get_server_host_key"}
+
+
+def wait_for_uses(source: str) -> list[str]:
+    """Where ``source`` calls asyncio.wait_for (however imported), or has asyncssh do it:
+    one of ASYNCSSH_WAIT_FOR with a connect_timeout, or without config=None."""
+    found = []
+    tree = ast.parse(source)
+    names = {"asyncio.wait_for"} | {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "asyncio"
+        for alias in node.names
+        if alias.name == "wait_for"
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        if called in names:
+            found.append(f"line {node.lineno}: {called}")
+        module, _, name = called.rpartition(".")
+        if module == "asyncssh" and name in ASYNCSSH_WAIT_FOR:
+            kwargs = {k.arg: ast.unparse(k.value) for k in node.keywords}
+            if "connect_timeout" in kwargs or kwargs.get("config") != "None":
+                found.append(f"line {node.lineno}: {called} (its wait_for on connect_timeout)")
+    return found
+
+
+def test_the_check_finds_what_it_looks_for() -> None:
+    assert wait_for_uses("import asyncio\nasync def f(c): await asyncio.wait_for(c, 1)\n")
+    assert wait_for_uses("from asyncio import wait_for as w\nasync def f(c): await w(c, 1)\n")
+    assert wait_for_uses(
+        "async def f(): await asyncssh.connect('h', config=None, connect_timeout=5)"
+    )
+    assert wait_for_uses("async def f(): await asyncssh.connect('h')")  # ~/.ssh/config's
+    assert not wait_for_uses("async def f(): await asyncssh.connect('h', config=None)")
+    assert not wait_for_uses("async def f(cond): await cond.wait_for(lambda: True)")
+
+
+def test_product_code_never_calls_asyncio_wait_for() -> None:
+    """Python 3.11's wait_for drops a cancellation that arrives as the awaited call ends
+    (gpurelay.tasks); asyncio.timeout keeps it. asyncpg (its own wait_for on 3.11, built
+    on asyncio.timeout), aiohttp and httpx/anyio (4.16: keeps a cancellation landing with
+    its deadline) do not use it."""
+    root = Path(__file__).resolve().parents[2]
+    found = [
+        f"{path.relative_to(root)} {where}"
+        for package in PRODUCT
+        for path in sorted((root / package).rglob("*.py"))
+        for where in wait_for_uses(path.read_text())
+    ]
+    assert found == []
