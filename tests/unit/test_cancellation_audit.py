@@ -213,14 +213,21 @@ async def test_a_shutdown_that_hangs_fails_the_teardown(monkeypatch: pytest.Monk
 # ---- no asyncio.wait_for under product code, ours or asyncssh's ------------------------
 
 PRODUCT = ("gpurelay", "edge_agent", "cloud_gateway")
-# asyncssh wraps these in asyncio.wait_for(..., connect_timeout): None (the default, and
-# what config=None leaves; ~/.ssh/config's ConnectTimeout would set it) awaits directly
-ASYNCSSH_WAIT_FOR = {"connect", "connect_reverse", "listen_reverse", "get_server_host_key"}
+# asyncssh wraps every connect/listen (connect, listen, *_reverse, run_client, run_server,
+# get_server_*) in asyncio.wait_for(..., connect_timeout): None, the default, awaits
+# directly. Client options also read ConnectTimeout from ~/.ssh/config unless config=None.
+ASYNCSSH_CLIENT = {
+    "connect",
+    "listen_reverse",
+    "run_client",
+    "get_server_host_key",
+    "get_server_auth_methods",
+}
 
 
 def wait_for_uses(source: str) -> list[str]:
     """Where ``source`` calls asyncio.wait_for (however imported), or has asyncssh do it:
-    one of ASYNCSSH_WAIT_FOR with a connect_timeout, or without config=None."""
+    any asyncssh call with a connect_timeout, one of ASYNCSSH_CLIENT without config=None."""
     found = []
     tree = ast.parse(source)
     names = {"asyncio.wait_for"} | {
@@ -237,9 +244,11 @@ def wait_for_uses(source: str) -> list[str]:
         if called in names:
             found.append(f"line {node.lineno}: {called}")
         module, _, name = called.rpartition(".")
-        if module == "asyncssh" and name in ASYNCSSH_WAIT_FOR:
+        if module == "asyncssh":
             kwargs = {k.arg: ast.unparse(k.value) for k in node.keywords}
-            if "connect_timeout" in kwargs or kwargs.get("config") != "None":
+            if "connect_timeout" in kwargs or (
+                name in ASYNCSSH_CLIENT and kwargs.get("config") != "None"
+            ):
                 found.append(f"line {node.lineno}: {called} (its wait_for on connect_timeout)")
     return found
 
@@ -252,6 +261,8 @@ def test_the_check_finds_what_it_looks_for() -> None:
     )
     assert wait_for_uses("async def f(): await asyncssh.connect('h')")  # ~/.ssh/config's
     assert not wait_for_uses("async def f(): await asyncssh.connect('h', config=None)")
+    assert wait_for_uses("async def f(): await asyncssh.listen('h', 22, connect_timeout=5)")
+    assert not wait_for_uses("async def f(): await asyncssh.listen('h', 22, login_timeout=5)")
     assert not wait_for_uses("async def f(cond): await cond.wait_for(lambda: True)")
 
 
