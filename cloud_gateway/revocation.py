@@ -27,10 +27,21 @@ at the file's identity, size and mtime at most every ``interval`` seconds and re
 when they change. A malformed new version is logged (with the line number) and the last
 good list stays in force; so does a file that disappears after it was loaded, since a
 vanished file more likely means an editor or config tool mid-write than "forgive all".
+
+Inside an event loop the watcher never touches the file on the loop's thread: a ``stat``
+on a hung NFS mount or a Secret volume being swapped would stall every tunnel. It looks in
+a worker thread instead, every ``interval`` seconds (a timer on the loop, so a change takes
+effect within ``interval`` even if nobody logs in meanwhile) and when :meth:`current`
+finds the last look ``interval`` old; logins in between get the list in force. At most one
+look is in flight: one that hangs is reported once, and the next starts only after it ends.
+The worker is a daemon thread, not the loop's executor, so a hung look cannot hold up the
+gateway's exit. Outside a loop (the CLI, tests) :meth:`current` looks itself, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -42,6 +53,7 @@ from typing import Literal
 
 from cloud_gateway.auth_policy import node_name_problem
 from cloud_gateway.errors import RevocationFileError
+from gpurelay.files import in_daemon_thread
 
 log = logging.getLogger(__name__)
 
@@ -207,44 +219,129 @@ class RevocationWatcher:
         self._seen = _signature(path)
         self._list = RevocationList.load(path)
         self._checked_at = clock()
-        self.last_error: str | None = None
+        self._error: str | None = None
+        self._looking: asyncio.Future[_Look] | None = None  # in a worker, since _checked_at
+        self._hung: str | None = None  # that look is late, reported (once)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):  # no loop: current() looks itself
+            self._arm(asyncio.get_running_loop())
+
+    @property
+    def last_error(self) -> str | None:
         """Why the newest version of the file is not in force, or None when it is."""
+        return self._hung or self._error
 
     def current(self) -> RevocationList:
-        """The list in force now; looks at the file when ``interval`` has passed."""
-        now = self._clock()
-        if now - self._checked_at >= self._interval:
-            self._checked_at = now
-            self._refresh()
+        """The list in force now; looks at the file when ``interval`` has passed (in a
+        worker thread inside an event loop: this call never waits for the disk there)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            self._arm(loop)
+        if self._clock() - self._checked_at >= self._interval:
+            if loop is None:
+                self._checked_at = self._clock()
+                self._apply(_look(self.path, self._seen))
+            else:
+                self._look_in_background()
         return self._list
 
-    def _refresh(self) -> None:
-        signature = _signature(self.path)
-        if signature == self._seen:
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Look every ``interval`` on ``loop`` (once per loop: tests run several)."""
+        if self._timer_loop is loop and self._timer is not None:
             return
-        if signature is None:
+        self._timer_loop = loop
+        self._timer = loop.call_later(self._interval, self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(self._interval, self._tick, loop)
+        self._look_in_background()
+
+    def _look_in_background(self) -> None:
+        now = self._clock()
+        looking = self._looking
+        if looking is not None and not looking.get_loop().is_closed():  # one at a time
+            self._report_hang(now - self._checked_at)
+            return
+        self._checked_at = now
+        path, seen = self.path, self._seen
+        self._looking = in_daemon_thread(lambda: _look(path, seen), name="revocation-look")
+        self._looking.add_done_callback(self._looked)
+
+    def _report_hang(self, waited: float) -> None:
+        if self._hung is not None or waited < self._interval:
+            return
+        self._hung = f"revocation file {self.path} has not answered for {waited:.1f} s"
+        log.error(
+            "%s (a hung file system?); the %d rules loaded before stay in force, and the "
+            "file is looked at again once it answers",
+            self._hung,
+            len(self._list),
+        )
+
+    def _looked(self, looking: asyncio.Future[_Look]) -> None:
+        if looking is self._looking:
+            self._looking = None
+        if self._hung is not None:
+            self._hung = None
+            waited = self._clock() - self._checked_at
+            log.warning("revocation file %s answered again after %.1f s", self.path, waited)
+        if looking.cancelled():
+            return
+        error = looking.exception()
+        if error is not None:  # a bug, not the file: the next look starts over
+            log.error("revocation file %s could not be looked at", self.path, exc_info=error)
+            return
+        self._apply(looking.result())
+
+    def _apply(self, found: _Look) -> None:
+        if found.signature == self._seen:
+            return
+        if found.signature is None:
             self._seen = None
-            self.last_error = f"revocation file {self.path} disappeared"
+            self._error = f"revocation file {self.path} disappeared"
             log.error(
                 "%s; the %d rules loaded before stay in force (restart to drop them)",
-                self.last_error,
+                self._error,
                 len(self._list),
             )
             return
-        self._seen = signature
-        try:
-            fresh = RevocationList.load(self.path)
-        except RevocationFileError as exc:
-            self.last_error = str(exc)
+        self._seen = found.signature
+        if found.fresh is None:
+            self._error = found.error
             log.error(
                 "%s; the last good revocation list (%d rules) stays in force",
-                exc,
+                found.error,
                 len(self._list),
             )
             return
-        self._list = fresh
-        self.last_error = None
-        log.info("revocation list %s reloaded: %d rules", self.path, len(fresh))
+        self._list = found.fresh
+        self._error = None
+        log.info("revocation list %s reloaded: %d rules", self.path, len(found.fresh))
+
+
+@dataclass(frozen=True)
+class _Look:
+    """What a look at the file found: its signature and, when that changed, its list or
+    why it cannot be used."""
+
+    signature: _Signature | None
+    fresh: RevocationList | None = None
+    error: str | None = None
+
+
+def _look(path: Path, seen: _Signature | None) -> _Look:
+    """Stat ``path`` and read it if it changed since ``seen`` (blocking: a worker's job)."""
+    signature = _signature(path)
+    if signature == seen or signature is None:
+        return _Look(signature)
+    try:
+        return _Look(signature, fresh=RevocationList.load(path))
+    except RevocationFileError as exc:
+        return _Look(signature, error=str(exc))
 
 
 def _signature(path: Path) -> _Signature | None:

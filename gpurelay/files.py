@@ -1,10 +1,18 @@
 """Files both binaries replace whole: a node's key and certificate on the agent, the CA's
-serial counter, certificates and known_hosts on the gateway's side."""
+serial counter, certificates and known_hosts on the gateway's side; and file calls that
+may hang, kept off the event loop."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def write_atomic(path: Path, data: bytes, mode: int) -> None:
@@ -39,3 +47,35 @@ def sync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def in_daemon_thread(call: Callable[[], T], *, name: str) -> asyncio.Future[T]:
+    """``call()`` in a daemon thread of its own, as a future of the running loop.
+
+    For a file call that may hang (a hung NFS mount, a Secret volume being swapped):
+    unlike ``asyncio.to_thread`` it takes none of the threads of the loop's default
+    executor, which everything else shares, and does not hold up the process's exit
+    (``asyncio.run`` waits for that executor, on Python 3.11 without a bound). The caller
+    bounds its wait and makes sure it starts one such call at a time, not one per wait."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: tuple[T] | BaseException) -> None:
+        if future.done():  # cancelled meanwhile
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome[0])
+
+    def work() -> None:
+        outcome: tuple[T] | BaseException
+        try:
+            outcome = (call(),)
+        except BaseException as exc:  # handed to the loop, raised where it is awaited
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
