@@ -53,6 +53,7 @@ import httpx
 
 from cloud_gateway import __version__
 from cloud_gateway.prompb import Series, encode_requests
+from gpurelay.files import in_daemon_thread
 
 __all__ = [
     "PROTOCOL_HEADERS",
@@ -276,6 +277,7 @@ class RemoteWriter:
         )
         self._extra_headers = cfg.extra_headers()
         self._space = asyncio.Condition()
+        self._token_read: asyncio.Future[str] | None = None  # bearer_token_file, in a thread
 
     async def __aenter__(self) -> RemoteWriter:
         return self
@@ -334,12 +336,12 @@ class RemoteWriter:
         finally:
             await self._release(total)
 
-    def _headers(self) -> dict[str, str]:
+    async def _headers(self) -> dict[str, str]:
         headers = dict(PROTOCOL_HEADERS)
         headers.update(self._extra_headers)
         cfg = self.cfg
         if cfg.bearer_token_file is not None:
-            token = cfg.bearer_token_file.read_text().strip()  # re-read: tokens rotate
+            token = await self._file_token(cfg.bearer_token_file)
             headers["Authorization"] = f"Bearer {token}"
         elif cfg.bearer_token:
             headers["Authorization"] = f"Bearer {cfg.bearer_token}"
@@ -348,14 +350,25 @@ class RemoteWriter:
             headers["Authorization"] = "Basic " + base64.b64encode(userpass).decode()
         return headers
 
+    async def _file_token(self, path: Path) -> str:
+        """``bearer_token_file``, read again for this request (tokens rotate), in a thread:
+        a slow or hung mount must not stall the loop. Requests meanwhile share that read
+        and wait for it at most a request's timeout (TimeoutError, an OSError)."""
+        read = self._token_read
+        if read is None or read.done():
+            read = self._token_read = in_daemon_thread(path.read_text, name="remote-write-token")
+        async with asyncio.timeout(self.cfg.timeout_seconds):
+            return (await asyncio.shield(read)).strip()
+
     async def _post(self, body: bytes) -> None:
         """One attempt at one request; the counters say how it went."""
         url = self.cfg.url
         try:
-            headers = self._headers()
-        except OSError as exc:  # the token file, mid-rotation: try again later
+            headers = await self._headers()
+        except OSError as exc:  # the token file, mid-rotation or hung: try again later
             self.stats.retried_requests += 1
-            reason = f"bearer_token_file {self.cfg.bearer_token_file}: {exc.strerror}"
+            why = exc.strerror or f"not read within {self.cfg.timeout_seconds:g} s"
+            reason = f"bearer_token_file {self.cfg.bearer_token_file}: {why}"
             raise RemoteWriteUnavailable(None, reason, url) from exc
         started = time.monotonic()
         try:
