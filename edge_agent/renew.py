@@ -205,7 +205,7 @@ class Renewer:
                 f"the gateway's certificate is for another key or node ({list(cert.principals)})"
             )
         old = self._validity
-        self._write(cert, key if new_key else None)
+        await asyncio.to_thread(self._write, cert, key if new_key else None)
         self.stats.renewals += 1
         self.log.info(
             "node %s: certificate renewed: serial %d, valid until %s (was serial %s, until %s)%s; "
