@@ -1,4 +1,5 @@
-"""The node's credentials on disk: its key and certificate, read and replaced safely.
+"""The node's credentials: its key and certificate, read and replaced safely, and the
+certificate the gateway answers to enrollment or renewal (:func:`certificate_answer`).
 
 Shared by enrollment (:mod:`edge_agent.enroll`), renewal (:mod:`edge_agent.renew`) and the
 tunnel, which reads them again before every connection. A file is always replaced whole
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,8 +19,9 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from edge_agent.errors import AgentError
+from gpurelay.enrollment import EXIT_OK, refusal_said
 from gpurelay.files import sync_dir
-from gpurelay.ssh_cert import FOREVER
+from gpurelay.ssh_cert import FOREVER, CertInfo, certificate_info
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,36 @@ def openssh_certificate(cert: asyncssh.SSHCertificate) -> SSHOpenSSHCertificate:
     if not isinstance(cert, SSHOpenSSHCertificate):
         raise ValueError("not an OpenSSH certificate")
     return cert
+
+
+def certificate_answer(
+    result: asyncssh.SSHCompletedProcess,
+    *,
+    key: asyncssh.SSHKey,
+    node: str,
+    error: type[AgentError],
+    gateway: str = "the gateway",
+    refused: str = "refused",
+) -> tuple[SSHOpenSSHCertificate, CertInfo]:
+    """The certificate in the gateway's answer to an enroll or renew subsystem (the
+    contract in :mod:`gpurelay.enrollment`), and its validity.
+
+    Raises ``error`` when the gateway refused (``"{gateway} {refused}: <its reason>"``),
+    answered something that is no OpenSSH certificate, or one for another key than ``key``
+    or other principals than ``node`` alone."""
+    if result.exit_status != EXIT_OK:
+        said = refusal_said(result.stderr, result.exit_status)
+        raise error(f"{gateway} {refused}: {said}")
+    try:
+        cert = openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
+        validity = certificate_info(cert)
+    except (asyncssh.KeyImportError, ValueError, struct.error) as exc:
+        raise error(f"{gateway} answered no certificate: {exc}") from exc
+    if cert.key.public_data != key.public_data:
+        raise error("the gateway's certificate is for another key than this node's")
+    if list(cert.principals) != [node]:
+        raise error(f"the gateway's certificate names {list(cert.principals)}, not node {node}")
+    return cert, validity
 
 
 def next_key_path(key: Path) -> Path:

@@ -29,24 +29,14 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from edge_agent.config import TunnelConfig, gateway_host_port
-from edge_agent.credentials import (
-    expiry_text,
-    openssh_certificate,
-)
+from edge_agent.credentials import certificate_answer, expiry_text
 from edge_agent.dial import PathSilent
 from edge_agent.errors import AgentError, ConfigError
 from edge_agent.proxy_connect import ProxyError, proxy_route
-from gpurelay.enrollment import (
-    ENROLL_SUBSYSTEM,
-    EXIT_OK,
-    TokenError,
-    enroll_username,
-    parse_token,
-    refusal_said,
-)
+from gpurelay.enrollment import ENROLL_SUBSYSTEM, TokenError, enroll_username, parse_token
 from gpurelay.files import write_atomic
 from gpurelay.settings import SettingsError
-from gpurelay.ssh_cert import certificate_info
+from gpurelay.ssh_cert import CertInfo
 
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 ENROLL_TIMEOUT_SECONDS = 30.0
@@ -218,7 +208,7 @@ async def enroll(
     key, new_key = node_key(cfg.key)
     pinned = _PinnedHostCa(fingerprint or "")
     host, port = gateway
-    certificate = await _request(
+    certificate, validity = await _request(
         host,
         port,
         node=node,
@@ -229,7 +219,6 @@ async def enroll(
         have_known_hosts=have_known_hosts,
         timeout=timeout,
     )
-    _check_certificate(certificate, key, node)
     try:
         cert_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         write_atomic(cert_path, certificate.export_certificate(), 0o644)
@@ -245,7 +234,6 @@ async def enroll(
         cfg.known_hosts.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         write_atomic(cfg.known_hosts, line, 0o644)
         wrote = True
-    validity = certificate_info(certificate)
     return Enrolled(
         node=node,
         key=cfg.key,
@@ -286,7 +274,8 @@ async def _request(
     pinned: _PinnedHostCa,
     have_known_hosts: bool,
     timeout: float,
-) -> SSHOpenSSHCertificate:
+) -> tuple[SSHOpenSSHCertificate, CertInfo]:
+    """The certificate the gateway signed for ``key`` and ``node``, and its validity."""
     # With no known_hosts file: an empty trust set, so that only the pinned CA's callback
     # can accept the gateway (known_hosts=None would accept anyone; b"" would fall back to
     # ~/.ssh/known_hosts).
@@ -336,13 +325,14 @@ async def _request(
         raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc
     except (OSError, asyncssh.Error) as exc:
         raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc
-    if result.exit_status != EXIT_OK:
-        said = refusal_said(result.stderr, result.exit_status)
-        raise EnrollRefused(f"the gateway {where} refused to enroll node {node}: {said}")
-    try:
-        return openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
-    except (asyncssh.KeyImportError, ValueError) as exc:
-        raise EnrollRefused(f"the gateway {where} answered no certificate: {exc}") from exc
+    return certificate_answer(
+        result,
+        key=key,
+        node=node,
+        error=EnrollRefused,
+        gateway=f"the gateway {where}",
+        refused=f"refused to enroll node {node}",
+    )
 
 
 def _host_untrusted(
@@ -359,12 +349,3 @@ def _host_untrusted(
         f"{pinned.fingerprint}{shown}; the token was not sent. Check --host-ca-fingerprint "
         "against the one `cloud-gateway certs enroll-token` printed"
     )
-
-
-def _check_certificate(cert: SSHOpenSSHCertificate, key: asyncssh.SSHKey, node: str) -> None:
-    if cert.key.public_data != key.public_data:
-        raise EnrollRefused("the gateway's certificate is for another key than this node's")
-    if list(cert.principals) != [node]:
-        raise EnrollRefused(
-            f"the gateway's certificate names {list(cert.principals)}, not node {node}"
-        )

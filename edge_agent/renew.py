@@ -24,13 +24,9 @@ from dataclasses import dataclass
 import asyncssh
 
 from edge_agent.config import TunnelConfig
-from edge_agent.credentials import (
-    expiry_text,
-    next_key_path,
-    openssh_certificate,
-)
+from edge_agent.credentials import certificate_answer, expiry_text, next_key_path
 from edge_agent.errors import AgentError
-from gpurelay.enrollment import EXIT_OK, RENEW_SUBSYSTEM, refusal_said, renew_due
+from gpurelay.enrollment import RENEW_SUBSYSTEM, renew_due
 from gpurelay.files import sync_dir, write_atomic
 from gpurelay.model import Family, SampleSink
 from gpurelay.ssh_cert import FOREVER, CertInfo, certificate_info
@@ -192,18 +188,7 @@ class Renewer:
             raise RenewalFailed(f"no answer from the gateway within {TIMEOUT_SECONDS:g}s") from None
         except (OSError, asyncssh.Error) as exc:
             raise RenewalFailed(f"the gateway refused the renewal channel: {exc}") from exc
-        if result.exit_status != EXIT_OK:
-            said = refusal_said(result.stderr, result.exit_status)
-            raise RenewalFailed(f"the gateway refused: {said}")
-        try:
-            cert = openssh_certificate(asyncssh.import_certificate(str(result.stdout).strip()))
-            validity = certificate_info(cert)
-        except (asyncssh.KeyImportError, ValueError, struct.error) as exc:
-            raise RenewalFailed(f"the gateway answered no certificate: {exc}") from exc
-        if cert.key.public_data != key.public_data or list(cert.principals) != [self._node]:
-            raise RenewalFailed(
-                f"the gateway's certificate is for another key or node ({list(cert.principals)})"
-            )
+        cert, validity = certificate_answer(result, key=key, node=self._node, error=RenewalFailed)
         old = self._validity
         await asyncio.to_thread(self._write, cert, key if new_key else None)
         self.stats.renewals += 1
