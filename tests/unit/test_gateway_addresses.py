@@ -1,6 +1,7 @@
 """A list of gateway addresses for bare metal without a balancer (issue 16): the order an
 agent dials them in, the config that names them, and the tunnel going round the list
-(without a network: its session is replaced by a function, as in test_tunnel_backoff)."""
+(without a network: its session is replaced by a function, by test_tunnel_backoff's
+run_until_slept)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import TunnelConfig, load
+from edge_agent.config import load
 from edge_agent.dial import Rotation, first_index, show
 from edge_agent.errors import ConfigError
 from edge_agent.tunnel import Tunnel
 from edge_agent.tunnel_types import GatewayRefused, SessionEnded, TunnelError, Unanswered
-from gpurelay.wire import Hello
-from harness.fleet import make_pki
-from tests.unit.test_tunnel_backoff import Stop
+from tests.unit.test_tunnel_backoff import run_until_slept
 from tests.unit.test_tunnel_backoff import tunnel as backoff_tunnel
 
 GATEWAYS = [("gw-a", 2222), ("gw-b", 2222), ("gw-c", 2200)]
@@ -171,36 +170,19 @@ async def test_a_failed_dial_moves_on_at_once_and_backoff_follows_a_whole_round(
         events.append("dial")
         raise failures[(len(dialled) - 1) % 3]
 
-    async def sleep(seconds: float) -> None:
-        events.append(f"sleep {seconds:.3f}")
-        if events.count("dial") >= 9:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    await run_until_slept(t, session, 3, on_sleep=lambda seconds: events.append("sleep"))
     assert dialled == ring("edge-a")[:9]
-    assert [e.split()[0] for e in events] == (["dial"] * 3 + ["sleep"]) * 3, events
+    assert events == (["dial"] * 3 + ["sleep"]) * 3, events
 
 
 async def test_a_round_nobody_answered_waits_only_the_short_pause(tmp_path: Path) -> None:
     random.seed(16)
     t = tunnel(tmp_path)
-    sleeps: list[float] = []
 
     async def session(host: str, port: int) -> None:
         raise Unanswered(f"no answer from {host}:{port}")
 
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) >= 8:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    sleeps = await run_until_slept(t, session, 8)
     assert all(0 <= s <= 2.0 for s in sleeps), sleeps  # 2 x backoff_initial, not growing
 
 
@@ -208,7 +190,6 @@ async def test_a_session_that_ended_dials_the_next_address_first(tmp_path: Path)
     random.seed(16)
     t = tunnel(tmp_path, node="edge-b")
     dialled: list[tuple[str, int]] = []
-    sleeps: list[float] = []
 
     async def session(host: str, port: int) -> None:
         dialled.append((host, port))
@@ -219,15 +200,7 @@ async def test_a_session_that_ended_dials_the_next_address_first(tmp_path: Path)
             return
         raise TunnelError("cannot reach gateway")
 
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) >= 3:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    sleeps = await run_until_slept(t, session, 3)
     expected = ring("edge-b")
     # dropped on the first: the next; ended cleanly there: the one after; then a round
     assert dialled == expected[:5], dialled
@@ -236,30 +209,14 @@ async def test_a_session_that_ended_dials_the_next_address_first(tmp_path: Path)
 
 async def test_one_address_behaves_as_before(tmp_path: Path) -> None:
     """A list of one is what ``address`` was: each failure is one backoff step."""
-    pki = make_pki(tmp_path)
-    creds = pki.node("edge-a")
-    cfg = TunnelConfig(
-        address="127.0.0.1:9",
-        known_hosts=pki.ca.known_hosts,
-        key=creds.private_key,
-        certificate=creds.certificate,
-    )
-    t = Tunnel(cfg, node="edge-a", hello=lambda: Hello(agent_version="0", node="edge-a"))
+    t = backoff_tunnel(tmp_path)  # address = "127.0.0.1:9"
     events: list[str] = []
 
     async def session(host: str, port: int) -> None:
         events.append(f"dial {host}:{port}")
         raise TunnelError("cannot reach gateway")
 
-    async def sleep(seconds: float) -> None:
-        events.append("sleep")
-        if len(events) >= 6:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    await run_until_slept(t, session, 3, on_sleep=lambda seconds: events.append("sleep"))
     assert events == ["dial 127.0.0.1:9", "sleep"] * 3
 
 

@@ -10,6 +10,7 @@ import asyncio
 import random
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,37 @@ def tunnel(tmp_path: Path, node: str = "edge-a", **where: Any) -> Tunnel:
     return Tunnel(cfg, node=node, hello=lambda: Hello(agent_version="0", node=node))
 
 
+async def run_until_slept(
+    t: Tunnel,
+    session: Callable[[str, int], Awaitable[None]],
+    times: int,
+    *,
+    on_sleep: Callable[[float], object] = lambda seconds: None,
+) -> list[float]:
+    """Runs ``t`` with ``session`` in place of its SSH session (no network, no waiting)
+    until it has slept ``times`` times; the waits it asked for, in order. ``on_sleep`` sees
+    each as it comes (to interleave them with what ``session`` records)."""
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        on_sleep(seconds)
+        if len(sleeps) >= times:
+            raise Stop
+
+    t._session = session  # type: ignore[method-assign]
+    t.sleep = sleep
+    with pytest.raises(Stop):
+        await t.run()
+    return sleeps
+
+
 async def test_a_session_that_worked_and_then_broke_starts_a_fresh_short_backoff(
     tmp_path: Path,
 ) -> None:
     random.seed(13)  # the jitter, so the outcome does not depend on luck
     t = tunnel(tmp_path)
     attempts: list[int] = []
-    sleeps: list[float] = []
 
     async def session(host: str, port: int) -> None:
         attempts.append(len(attempts) + 1)
@@ -59,15 +84,7 @@ async def test_a_session_that_worked_and_then_broke_starts_a_fresh_short_backoff
             raise ConnectionResetError("Connection reset by peer")
         raise TunnelError("cannot reach gateway (restarting)")
 
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) >= 9:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    sleeps = await run_until_slept(t, session, 9)
     # 7 backoff waits of the outage, then the short pause after the crash (0..10 x 1 s),
     # then the first wait of a *new* sequence (full jitter up to 1 x 2**0 .. s), not the
     # 8th wait of the old one (which may be up to 60 s)
@@ -81,20 +98,11 @@ async def test_a_session_refused_before_any_ack_keeps_backing_off(tmp_path: Path
     the agent keeps growing its backoff rather than retrying every few seconds."""
     random.seed(13)
     t = tunnel(tmp_path)
-    sleeps: list[float] = []
 
     async def session(host: str, port: int) -> None:
         raise TunnelError("gateway sent ERROR refused")
 
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) >= 12:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    sleeps = await run_until_slept(t, session, 12)
     assert max(sleeps) > 10.0  # grew past the short pause: exponential, up to 60 s
 
 
@@ -111,20 +119,11 @@ async def test_a_dial_nobody_answers_is_retried_after_a_short_pause_that_does_no
     retrying it soon costs the gateway nothing."""
     random.seed(13)
     t = tunnel(tmp_path)
-    sleeps: list[float] = []
 
     async def session(host: str, port: int) -> None:
         raise Unanswered("no answer within 3s")
 
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) >= 30:
-            raise Stop
-
-    t._session = session  # type: ignore[method-assign]
-    t.sleep = sleep
-    with pytest.raises(Stop):
-        await t.run()
+    sleeps = await run_until_slept(t, session, 30)
     assert max(sleeps) <= 2.0, sleeps  # 2 x backoff_initial_seconds, attempt 30 as attempt 1
 
 
