@@ -33,6 +33,24 @@ REQUIRE_SYSTEMD = os.environ.get("EDGE_GPU_RELAY_REQUIRE_SYSTEMD") == "1"
 
 Unit = dict[str, list[tuple[str, str]]]
 
+# The sandbox every unit here has (systemd.exec(5)); each unit's test adds its own lines.
+HARDENING = {
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "NoNewPrivileges": "yes",
+    "PrivateTmp": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictNamespaces": "yes",
+    "RestrictRealtime": "yes",
+    "LockPersonality": "yes",
+    "MemoryDenyWriteExecute": "yes",
+    "SystemCallFilter": "@system-service",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+}
+
 
 def parse_unit(path: Path) -> Unit:
     """Sections -> (key, value) in order; comments and blank lines dropped."""
@@ -61,6 +79,12 @@ def one(unit: Unit, section: str, key: str) -> str:
     found = values(unit, section, key)
     assert len(found) == 1, f"[{section}] {key}= expected once, found {found}"
     return found[0]
+
+
+def assert_settings(unit: Unit, section: str, want: dict[str, str]) -> None:
+    """Each key of ``want`` set exactly once in ``section``, to its value."""
+    for key, value in want.items():
+        assert one(unit, section, key) == value, key
 
 
 def seconds(value: str) -> float:
@@ -102,24 +126,7 @@ def test_common_contract(path: Path, user: str, command: str) -> None:
     assert one(unit, s, "RestartPreventExitStatus") == "2"
     assert one(unit, "Unit", "StartLimitIntervalSec")
     assert int(one(unit, "Unit", "StartLimitBurst")) >= 3
-    for key, want in [
-        ("ProtectSystem", "strict"),
-        ("ProtectHome", "yes"),
-        ("NoNewPrivileges", "yes"),
-        ("PrivateTmp", "yes"),
-        ("ProtectKernelTunables", "yes"),
-        ("ProtectKernelModules", "yes"),
-        ("ProtectControlGroups", "yes"),
-        ("RestrictNamespaces", "yes"),
-        ("RestrictRealtime", "yes"),
-        ("LockPersonality", "yes"),
-        ("MemoryDenyWriteExecute", "yes"),
-        ("SystemCallFilter", "@system-service"),
-        ("CapabilityBoundingSet", ""),
-        ("AmbientCapabilities", ""),
-        ("ConfigurationDirectory", "edge-gpu-relay"),
-    ]:
-        assert one(unit, s, key) == want, key
+    assert_settings(unit, s, HARDENING | {"ConfigurationDirectory": "edge-gpu-relay"})
     families = set(one(unit, s, "RestrictAddressFamilies").split())
     assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= families
     assert not families & {"AF_PACKET", "none"}
@@ -216,28 +223,14 @@ def test_signer_contract(gateway: Unit) -> None:
     # the gateway's unit hides the key from the gateway; the signer's reads it
     assert f"-{args.ca_dir}/user_ca" in one(gateway, s, "InaccessiblePaths").split()
     assert not values(signer, s, "InaccessiblePaths")
-    for key, want in [
-        ("ProtectSystem", "strict"),
-        ("ProtectHome", "yes"),
-        ("NoNewPrivileges", "yes"),
-        ("PrivateTmp", "yes"),
-        ("PrivateDevices", "yes"),
-        ("PrivateNetwork", "yes"),
-        ("ProtectProc", "invisible"),
-        ("ProtectKernelTunables", "yes"),
-        ("ProtectKernelModules", "yes"),
-        ("ProtectControlGroups", "yes"),
-        ("RestrictNamespaces", "yes"),
-        ("RestrictRealtime", "yes"),
-        ("LockPersonality", "yes"),
-        ("MemoryDenyWriteExecute", "yes"),
-        ("SystemCallFilter", "@system-service"),
-        ("CapabilityBoundingSet", ""),
-        ("AmbientCapabilities", ""),
-        ("RestrictAddressFamilies", "AF_UNIX"),
-        ("Restart", "on-failure"),
-    ]:
-        assert one(signer, s, key) == want, key
+    signer_only = {
+        "PrivateDevices": "yes",
+        "PrivateNetwork": "yes",
+        "ProtectProc": "invisible",
+        "RestrictAddressFamilies": "AF_UNIX",
+        "Restart": "on-failure",
+    }
+    assert_settings(signer, s, HARDENING | signer_only)
     # 2: a bad argument, 1: a CA directory or socket it cannot use; neither fixes itself
     assert one(signer, s, "RestartPreventExitStatus").split() == ["1", "2"]
     assert one(signer, "Unit", "Before") == GATEWAY.name
