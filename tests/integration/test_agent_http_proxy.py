@@ -25,6 +25,7 @@ from cloud_gateway.enrollment import EnrollSection
 from cloud_gateway.signing import make_enroll_token
 from edge_agent.config import AgentConfig, TunnelConfig
 from edge_agent.enroll import enroll
+from edge_agent.tunnel_stats import TunnelStats
 from harness.fleet import (
     Pki,
     agent_config,
@@ -100,21 +101,30 @@ def node_series(text: str, node: str) -> int:
     return sum(1 for line in text.splitlines() if f'Hostname="{node}"' in line)
 
 
-async def test_the_agent_sends_through_tinyproxy(
-    pki: Pki, proxy_factory: type[TinyProxy], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
-    node = "edge-proxied"
+async def sent_with_a_proxy_configured(
+    pki: Pki, proxy_factory: type[TinyProxy], node: str
+) -> tuple[Gateway, TinyProxy, TunnelStats, str]:
+    """A gateway, tinyproxy in front of its SSH port and an agent of ``node`` told to use
+    it, until three batches were acknowledged: the gateway (stopped by then), the proxy,
+    the agent's tunnel stats and the gateway's /metrics text."""
     async with running_gateway(gateway_config(pki)) as gw:
         proxy = proxy_factory(gw.ssh_port)
         cfg = via_proxy(pki, node, gw, proxy.port)
         async with running_agent(cfg) as agent:
             assert agent.tunnel is not None
             stats = agent.tunnel.stats
-            await wait_for(lambda: stats.acked_seq >= 3, 30, "ACKs through the proxy")
+            await wait_for(lambda: stats.acked_seq >= 3, 30, f"ACKs from {node}")
             text = await metrics_text(gw)
-    assert node_series(text, node) > 0
+    return gw, proxy, stats, text
+
+
+async def test_the_agent_sends_through_tinyproxy(
+    pki: Pki, proxy_factory: type[TinyProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    gw, proxy, stats, text = await sent_with_a_proxy_configured(pki, proxy_factory, "edge-proxied")
+    assert node_series(text, "edge-proxied") > 0
     (connect,) = proxy.connects()  # one tunnel, to the gateway's SSH port
     assert f"CONNECT 127.0.0.1:{gw.ssh_port} HTTP/1.1" in connect
     assert stats.failures == {}
@@ -149,16 +159,8 @@ async def test_no_proxy_naming_the_gateway_connects_directly(
 ) -> None:
     monkeypatch.setenv("NO_PROXY", "gw.other.example, 127.0.0.0/8")
     monkeypatch.delenv("no_proxy", raising=False)
-    node = "edge-direct"
-    async with running_gateway(gateway_config(pki)) as gw:
-        proxy = proxy_factory(gw.ssh_port)
-        cfg = via_proxy(pki, node, gw, proxy.port)
-        async with running_agent(cfg) as agent:
-            assert agent.tunnel is not None
-            stats = agent.tunnel.stats
-            await wait_for(lambda: stats.acked_seq >= 3, 30, "ACKs, directly")
-            text = await metrics_text(gw)
-    assert node_series(text, node) > 0
+    _, proxy, _, text = await sent_with_a_proxy_configured(pki, proxy_factory, "edge-direct")
+    assert node_series(text, "edge-direct") > 0
     assert proxy.connects() == []
 
 
