@@ -10,12 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from cloud_gateway.peers import (
-    PEER_MAX_CONNECTIONS,
-    PEER_PREFIX,
-    PeerClient,
-    start_peer_listener,
-)
+from cloud_gateway.peers import PEER_MAX_CONNECTIONS, PEER_PREFIX, PeerClient
 from harness.fleet import (
     TOKEN,
     agent_config,
@@ -24,10 +19,10 @@ from harness.fleet import (
     running_agent,
     running_gateway,
 )
+from harness.peers import PEER_TOKEN, peer_listener
 from harness.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-PEER_TOKEN = "peer-secret-0123456789"
 BOUND = 60.0  # generous: a noisy machine
 
 
@@ -42,9 +37,9 @@ async def test_the_peer_listener_survives_hostile_clients(tmp_path: Path) -> Non
     async with (
         running_gateway(gateway_config(pki)) as a,
         running_gateway(gateway_config(pki)) as b,
+        peer_listener(a) as listener,
     ):
-        runner, guard, port = await start_peer_listener(a.proxy, PEER_TOKEN, "127.0.0.1", 0)
-        a_peer = f"127.0.0.1:{port}"
+        a_peer, port, guard = listener.address, listener.port, listener.guard
         b.proxy.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_peer))
         writers: list[asyncio.StreamWriter] = []
         try:
@@ -110,4 +105,3 @@ async def test_the_peer_listener_survives_hostile_clients(tmp_path: Path) -> Non
             for w in writers:
                 w.close()
             await b_client.close()
-            await runner.cleanup()

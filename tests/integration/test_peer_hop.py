@@ -3,15 +3,11 @@ owner's peer listener (cloud_gateway.peers), and never more than one."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
-from aiohttp import web
 
-from cloud_gateway.app import Gateway
-from cloud_gateway.peers import PEER_PREFIX, PeerClient, peer_app
+from cloud_gateway.peers import PEER_PREFIX, PeerClient
 from harness.fleet import (
     TOKEN,
     agent_config,
@@ -20,23 +16,10 @@ from harness.fleet import (
     running_agent,
     running_gateway,
 )
+from harness.peers import PEER_TOKEN, peer_listener
 from harness.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-PEER_TOKEN = "peer-secret-0123456789"
-
-
-@asynccontextmanager
-async def peer_listener(gw: Gateway, token: str = PEER_TOKEN) -> AsyncIterator[str]:
-    runner = web.AppRunner(peer_app(gw.proxy, token))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_node_owned_by_another_gateway_is_scraped_through_it(tmp_path: Path) -> None:
@@ -44,9 +27,10 @@ async def test_a_node_owned_by_another_gateway_is_scraped_through_it(tmp_path: P
     async with (
         running_gateway(gateway_config(pki)) as a,
         running_gateway(gateway_config(pki)) as b,
-        peer_listener(a) as a_peer,
-        peer_listener(b) as b_peer,
+        peer_listener(a) as a_listener,
+        peer_listener(b) as b_listener,
     ):
+        a_peer, b_peer = a_listener.address, b_listener.address
         # the fleet view: edge-1 is on a; b's view says so, a's view (wrongly) says b —
         # a request that arrives at a from a peer must not bounce back to b
         b.proxy.peers = b_client = PeerClient(
