@@ -26,9 +26,13 @@ Rules, each with the reason for it:
   nodes of dead gateways in /metrics (``gpurelay_node_up 0``, offline): every node is in
   the union of the gateways' bodies once. A gateway that cannot heartbeat steps down.
 - **A restart lets go**: a gateway that (re)starts releases the directory's entries that
-  still name it (an earlier run's, same id) to nobody at :meth:`PostgresDirectory.open`,
+  still name it (an earlier run's, same id) to nobody once it holds the id (joined),
   before it accepts agents, so the leader answers for them; the leader deletes gateways
   silent for ``forget_after_seconds``.
+- **One process per id** (:mod:`cloud_gateway.cluster_join`): a start under the id of a
+  live gateway is refused before it releases anything; a running gateway whose row
+  another process took (both started at once, an operator forcing) fences itself and
+  counts it (``duplicate_ids``) rather than both claiming the same nodes under one name.
 - **Fair share** (:func:`to_shed`): a gateway holding more than its share of the nodes
   lets a few agents go per second, so a gateway that joins fills up without a storm."""
 
@@ -41,75 +45,33 @@ from collections import Counter, deque
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
+from cloud_gateway.cluster_join import conflict, join
+from cloud_gateway.cluster_limits import (
+    CLAIM_WINDOW_SECONDS,
+    CLAIMS_PER_NODE,
+    SHED_PER_SECOND,
+    SHED_SLACK,
+    ClaimBudget,
+    to_shed,
+)
 from cloud_gateway.directory import DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.directory_members import DuplicateGateway
 from cloud_gateway.directory_pg import Member, PostgresDirectory
 
+# importable from here, where they were defined before cluster_limits
+__all__ = [
+    "CLAIMS_PER_NODE",
+    "CLAIM_WINDOW_SECONDS",
+    "SHED_PER_SECOND",
+    "SHED_SLACK",
+    "ClaimBudget",
+    "ClaimRefused",
+    "Cluster",
+    "ClusterStats",
+    "to_shed",
+]
+
 log = logging.getLogger("cloud_gateway.cluster")
-
-
-SHED_PER_SECOND = 2.0  # agents a gateway above its fair share lets go, per second
-SHED_SLACK = 2  # nodes above the fair share before shedding starts (at least)
-# A node in a reconnect loop costs a directory claim (a transaction and a NOTIFY to every
-# gateway) per connection: at most CLAIMS_PER_NODE of one node per CLAIM_WINDOW_SECONDS on
-# one gateway, beyond that ERROR unavailable (the agent backs off, and may be balanced
-# onto another gateway). An agent whose link flaps reconnects after a growing backoff
-# (1 s, 2 s, 4 s, ... by default): far fewer than this.
-CLAIMS_PER_NODE = 10
-CLAIM_WINDOW_SECONDS = 60.0
-
-
-class ClaimBudget:
-    """The claims of each node in the last ``window`` seconds, at most ``limit`` (memory:
-    only nodes claimed within the window, :meth:`prune` on the heartbeat). Pure: the
-    caller passes the time."""
-
-    def __init__(self, limit: int = CLAIMS_PER_NODE, window: float = CLAIM_WINDOW_SECONDS) -> None:
-        self.limit, self.window = limit, window
-        self._times: dict[str, deque[float]] = {}
-
-    def take(self, node: str, now: float) -> float:
-        """0: a claim of ``node`` may go (counted); else the seconds until one may."""
-        times = self._times.get(node)
-        if times is None:
-            times = self._times[node] = deque(maxlen=self.limit)
-        while times and now - times[0] >= self.window:
-            times.popleft()
-        if len(times) >= self.limit:
-            return max(0.001, times[0] + self.window - now)
-        times.append(now)
-        return 0.0
-
-    def prune(self, now: float) -> None:
-        for node in [n for n, t in self._times.items() if not t or now - t[-1] >= self.window]:
-            del self._times[node]
-
-    def __len__(self) -> int:
-        return len(self._times)
-
-
-def to_shed(
-    owned: int,
-    total: int,
-    live: int,
-    *,
-    per_tick: int,
-    slack: int = SHED_SLACK,
-    lightest: int | None = None,
-) -> int:
-    """How many of its ``owned`` nodes a gateway lets go this tick: what it holds above
-    its fair share of the ``total`` owned by the ``live`` gateways (``ceil(total / live)``
-    plus ``slack``, or 5 % of the share when more), at most ``per_tick``.
-
-    While a live gateway holds fewer than the share less the slack (``lightest``: the
-    fewest any other holds; one that just joined), down to the share itself: else the
-    slack of every old gateway adds up, and a newcomer to a small fleet stays nearly
-    empty (3 x 11 nodes, a fourth gateway joins: it took none; now 6)."""
-    if live <= 1 or owned <= 0:
-        return 0
-    fair = -(-total // live)
-    slack = max(slack, fair // 20)
-    keep = fair if lightest is not None and lightest < fair - slack else fair + slack
-    return max(0, min(per_tick, owned - keep))
 
 
 class ClaimRefused(Exception):
@@ -121,7 +83,8 @@ class ClusterStats:
     claims: int = 0
     claims_throttled: int = 0  # refused: the node's claims beyond CLAIMS_PER_NODE a window
     lost_claims: int = 0  # nodes another gateway claimed from this one
-    fencing_events: int = 0
+    fencing_events: int = 0  # cut off from the directory
+    duplicate_ids: int = 0  # another process took this gateway id's row (fenced then)
     directory_errors: Counter[str] = field(default_factory=Counter)  # by operation
 
 
@@ -158,6 +121,7 @@ class Cluster:
         self.entries: dict[str, NodeEntry] = {}  # the fleet, as last read
         self.members: list[Member] = []
         self.fenced = False
+        self.duplicate: DuplicateGateway | None = None  # another process holds the id
         self.leader = False
         self.http = ""  # host:port of this gateway's /metrics, for the others' http_sd
         self._over = 0  # heartbeats in a row above the fair share
@@ -180,7 +144,14 @@ class Cluster:
     async def start(self) -> None:
         """Open the directory and announce this gateway; DirectoryError when it cannot
         (the gateway does not start without its cluster)."""
-        entries = await self.directory.open()
+        await self.directory.open(release=False)
+        await join(  # this id's row, or DuplicateGateway (before anything is released)
+            self.directory,
+            advertise=self.advertise,
+            ttl=self.ttl_seconds,
+            poll=self.heartbeat_seconds / 2,
+        )
+        entries = await self.directory.release_earlier()  # now that the id is this one's
         self.entries = {e.node: e for e in entries}
         sent = self._monotonic()
         self.members = await self.directory.heartbeat(
@@ -204,6 +175,11 @@ class Cluster:
     async def stop(self) -> None:
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._last_ok_sent is not None:  # joined: the next run of the id need not wait
+            try:
+                await self.directory.leave()
+            except DirectoryError as exc:
+                log.warning("cluster: could not clear this gateway's row: %s", exc)
         await self.directory.close()
 
     # -- claims -----------------------------------------------------------------------------
@@ -211,10 +187,12 @@ class Cluster:
     async def claim(self, node: str, facts: NodeFacts) -> int:
         """Own ``node`` (its new epoch), or ClaimRefused."""
         if self.fenced:
-            raise ClaimRefused(
-                f"gateway {self.gateway} cannot reach the node directory (fenced); "
-                "try again, or another gateway"
+            why = (
+                f"another gateway runs with id {self.gateway}"
+                if self.duplicate is not None
+                else f"gateway {self.gateway} cannot reach the node directory"
             )
+            raise ClaimRefused(f"{why} (fenced); try again, or another gateway")
         wait = self.budget.take(node, self._monotonic())
         if wait:
             self.stats.claims_throttled += 1
@@ -310,6 +288,10 @@ class Cluster:
             self.members = await self.directory.heartbeat(
                 advertise=self.advertise, nodes=len(self.owned), http=self.http, seen=seen
             )
+        except DuplicateGateway as exc:
+            self._step_down()
+            self._duplicated(exc)
+            return
         except DirectoryError as exc:
             for node, when in seen.items():  # keep them for the next try
                 self._seen.setdefault(node, when)
@@ -319,10 +301,9 @@ class Cluster:
             return
         self._last_ok_sent = sent
         if self.fenced:
-            self.fenced = False
-            log.warning(
-                "cluster: gateway %s reaches the directory again; claims resume", self.gateway
-            )
+            back = "holds its id again" if self.duplicate else "reaches the directory again"
+            self.fenced, self.duplicate = False, None
+            log.warning("cluster: gateway %s %s; claims resume", self.gateway, back)
         try:
             if await self.directory.ensure_listening():
                 self._last_refresh = -float("inf")  # claims may have gone unheard
@@ -430,15 +411,33 @@ class Cluster:
                 exc,
             )
             return
-        self.fenced = True
         self.stats.fencing_events += 1
-        lost = sorted(self.owned)
+        self._fence(
+            f"gateway {self.gateway} lost the node directory for {silent:.0f}s "
+            f"(ttl {self.ttl_seconds:g}s): letting its {len(self.owned)} node(s) go"
+        )
+
+    def _duplicated(self, exc: DuplicateGateway) -> None:
+        """Another process holds this id's row: fence at once (both would claim the same
+        nodes under one name), said and counted once per episode."""
+        if self.duplicate is not None:
+            return
+        self.duplicate = exc
+        self.stats.duplicate_ids += 1
+        self._fence(
+            conflict(
+                self.gateway,
+                instance=self.directory.instance,
+                advertise=self.advertise,
+                holder=exc.holder,
+                nodes=len(self.owned),
+            )
+        )
+
+    def _fence(self, reason: str) -> None:
+        self.fenced = True
         self.owned.clear()
         self._seen.clear()
-        reason = (
-            f"gateway {self.gateway} lost the node directory for {silent:.0f}s "
-            f"(ttl {self.ttl_seconds:g}s): letting its {len(lost)} node(s) go"
-        )
         log.error("cluster: %s", reason)
         self._on_fenced(reason)
 

@@ -10,21 +10,25 @@ write from a gateway that lost a node never undoes the new owner's state.
 The schema is created and migrated by the gateways themselves under an advisory lock (two
 gateways starting at once do not both migrate); its version lives in
 ``gpurelay_schema``, and a database migrated by a newer gateway is refused with a clear
-error. asyncpg is imported only when this module is used: a single gateway never needs
-it."""
+error. Each gateway id's row holds the instance of the process running under it
+(:mod:`cloud_gateway.directory_members`: two processes with one id are refused, or fenced).
+asyncpg is imported only when this module is used: a single gateway never needs it."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cloud_gateway.directory import Claim, DirectoryError, NodeEntry, NodeFacts
+from cloud_gateway.directory_members import _SEEN, Member, PgMembers, new_instance
 from cloud_gateway.directory_nonces import PgNonces
 
 if TYPE_CHECKING:
     import asyncpg
+
+# Member stays importable from here, where it was defined before directory_members
+__all__ = ["CHANNEL", "LEADER_LOCK", "MIGRATIONS", "VERSION", "Member", "PostgresDirectory"]
 
 CHANNEL = "gpurelay_claims"
 MIGRATION_LOCK = 0x67707572656C6179  # pg_advisory_xact_lock key: "gpurelay"
@@ -59,6 +63,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE gpurelay_enrollment_nonces (nonce text PRIMARY KEY, node text NOT NULL,"
         " exp bigint NOT NULL, used_at double precision NOT NULL)",
     ),
+    # the process holding each gateway id ("": a row of an older gateway, or a clean stop)
+    ("ALTER TABLE gpurelay_gateways ADD COLUMN instance text NOT NULL DEFAULT ''",),
 )
 VERSION = len(MIGRATIONS)
 
@@ -122,36 +128,7 @@ WITH gone AS (
 SELECT gone.id, u.name FROM gone LEFT JOIN u ON u.id = gone.id
 """
 
-_SEEN = (
-    "UPDATE gpurelay_nodes AS n SET last_seen = greatest(n.last_seen, s.t)"
-    " FROM unnest($1::text[], $2::float8[]) AS s(name, t)"
-    " WHERE n.name = s.name AND n.gateway = $3"
-)
-
 ClaimListener = Callable[[str, str, int], None]  # node, new owner, epoch
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """A gateway of the cluster, as the directory last heard of it."""
-
-    id: str
-    advertise: str  # its peer listener
-    heartbeat_age: float  # seconds since its last heartbeat, by the database's clock
-    nodes: int  # nodes it owned at that heartbeat
-    up_seconds: float  # since it (re)started
-    http: str = ""  # host:port of its HTTP listener (/metrics), "" before it is known
-
-    def alive(self, ttl: float) -> bool:
-        return self.heartbeat_age < ttl
-
-
-_MEMBERS = (
-    "SELECT id, advertise, http, nodes,"
-    " extract(epoch FROM now() - heartbeat)::float8 AS age,"
-    " extract(epoch FROM now() - started)::float8 AS up"
-    " FROM gpurelay_gateways ORDER BY id"
-)
 
 
 def _error(what: str, exc: BaseException) -> DirectoryError:
@@ -164,12 +141,20 @@ def _failures() -> tuple[type[BaseException], ...]:
     return (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
 
-class PostgresDirectory(PgNonces):
+class PostgresDirectory(PgMembers, PgNonces):
     """One connection pool; a separate connection LISTENs for claims (``on_claim``)."""
 
-    def __init__(self, dsn: str, *, gateway: str, on_claim: ClaimListener | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        gateway: str,
+        on_claim: ClaimListener | None = None,
+        instance: str = "",
+    ) -> None:
         self.dsn = dsn
         self.gateway = gateway
+        self.instance = instance or new_instance()  # this process (this start) of the id
         self.on_claim = on_claim
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
@@ -192,7 +177,9 @@ class PostgresDirectory(PgNonces):
         except _failures() as exc:
             raise _error(what, exc) from exc
 
-    async def open(self) -> Sequence[NodeEntry]:
+    async def open(self, *, release: bool = True) -> Sequence[NodeEntry]:
+        """Connect, migrate, listen; ``release``: :meth:`release_earlier` too (a cluster
+        member releases only once it holds its id: cloud_gateway.cluster_join)."""
         import asyncpg
 
         try:
@@ -209,6 +196,11 @@ class PostgresDirectory(PgNonces):
         await self._run("migrating the schema", self._migrate)
         if self.on_claim is not None:
             await self._listen()
+        return await self.release_earlier() if release else await self.entries()
+
+    async def release_earlier(self) -> Sequence[NodeEntry]:
+        """Release the entries an earlier run of this id left (:meth:`release_left`, the
+        names in ``released``); every entry after."""
         entries = await self.entries()
         left = {e.node: e.epoch for e in entries if e.gateway == self.gateway}
         if not left:
@@ -331,49 +323,6 @@ class PostgresDirectory(PgNonces):
         forgotten: list[str] = await self._run("forgetting dead gateways", run)
         return forgotten
 
-    async def heartbeat(
-        self,
-        *,
-        advertise: str,
-        nodes: int,
-        started: bool = False,
-        http: str = "",
-        seen: Mapping[str, float] | None = None,
-    ) -> list[Member]:
-        """Record that this gateway is alive (``started``: it has just (re)started), and
-        return every member, this one included; ``seen``: last-seen times written in the
-        same transaction (as :meth:`seen`): one transaction per heartbeat."""
-
-        async def run(conn: asyncpg.Connection) -> list[Member]:
-            async with conn.transaction():
-                if seen:
-                    await conn.execute(_SEEN, list(seen), list(seen.values()), self.gateway)
-                await conn.execute(
-                    "INSERT INTO gpurelay_gateways"
-                    " (id, advertise, http, started, heartbeat, nodes)"
-                    " VALUES ($1, $2, $5, now(), now(), $3)"
-                    " ON CONFLICT (id) DO UPDATE SET advertise = EXCLUDED.advertise,"
-                    " http = EXCLUDED.http, heartbeat = now(), nodes = EXCLUDED.nodes,"
-                    " started = CASE WHEN $4 THEN now() ELSE gpurelay_gateways.started END",
-                    self.gateway,
-                    advertise,
-                    nodes,
-                    started,
-                    http,
-                )
-                rows = await conn.fetch(_MEMBERS)
-            return [_member(row) for row in rows]
-
-        members: list[Member] = await self._run("heartbeat", run)
-        return members
-
-    async def members(self) -> list[Member]:
-        async def run(conn: asyncpg.Connection) -> list[Member]:
-            return [_member(row) for row in await conn.fetch(_MEMBERS)]
-
-        members: list[Member] = await self._run("reading the gateways", run)
-        return members
-
     async def publish(self, node: str, epoch: int, targets: Sequence[str]) -> bool:
         """The node's published endpoints, while this gateway still holds ``epoch``."""
 
@@ -476,17 +425,6 @@ def _entry(row: Mapping[str, Any]) -> NodeEntry:
         connected=bool(row["connected"]),
         last_disconnect_reason=row["last_disconnect_reason"],
         published=tuple(row["published"]),
-    )
-
-
-def _member(row: Mapping[str, Any]) -> Member:
-    return Member(
-        id=row["id"],
-        advertise=row["advertise"],
-        heartbeat_age=max(0.0, float(row["age"])),
-        nodes=int(row["nodes"]),
-        up_seconds=max(0.0, float(row["up"])),
-        http=row["http"],
     )
 
 

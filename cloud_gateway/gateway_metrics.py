@@ -235,6 +235,11 @@ CL_LEADER = _family(
     "1 while this gateway leads (answers for the nodes of dead gateways)" + _IN + ".",
 )
 CL_FENCED = _family(_CL + "fenced", "gauge", "1 while this gateway is fenced" + _IN + ".")
+CL_DUPLICATE = _family(
+    _CL + "duplicate_id_total",
+    "counter",
+    "Times another running gateway took this gateway's id and this one fenced itself" + _IN + ".",
+)
 CL_THROTTLED = _family(
     _CL + "claims_throttled_total",
     "counter",
@@ -368,6 +373,7 @@ def cluster_families(cluster: Cluster, peers: ConnectionStats | None = None) -> 
         _fixed(CL_PEER_CLOSED, "reason", peers.closed, CLOSE_REASONS, zeros=True),
         _one(CL_LOST, stats.lost_claims),
         _one(CL_FENCING, stats.fencing_events),
+        _one(CL_DUPLICATE, stats.duplicate_ids),
         _fixed(CL_ERRORS, "operation", stats.directory_errors, DIRECTORY_OPERATIONS, zeros=True),
         _one(CL_LEADER, int(cluster.leader)),
         _one(CL_FENCED, int(cluster.fenced)),

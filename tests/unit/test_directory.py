@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cloud_gateway import directory_pg
 from cloud_gateway.directory import Claim, Directory, DirectoryError, NodeFacts
 from cloud_gateway.directory_pg import PostgresDirectory
 from cloud_gateway.directory_sqlite import MIGRATIONS, VERSION, SqliteDirectory
@@ -263,10 +264,11 @@ async def test_postgres_schema_from_a_newer_gateway_is_refused(pg_database: str)
     dsn = pg_database
     conn = await asyncpg.connect(dsn)
     await conn.execute("CREATE TABLE gpurelay_schema (version int NOT NULL)")
-    await conn.execute("INSERT INTO gpurelay_schema VALUES (1), (2)")
+    newer = directory_pg.VERSION + 1
+    await conn.execute("INSERT INTO gpurelay_schema VALUES (1), ($1)", newer)
     await conn.close()
     d = PostgresDirectory(dsn, gateway="gw-a")
-    with pytest.raises(DirectoryError, match="schema version 2, migrated by a newer gateway"):
+    with pytest.raises(DirectoryError, match=f"schema version {newer}, migrated by a newer gate"):
         await d.open()
     await d.close()
 
