@@ -16,7 +16,7 @@ from tests.unit.loop_lag import loop_lag
 from tests.unit.test_remote_write import SERIES, Recorder
 
 BLOCKED = 2.0  # seconds a read of the token takes; the loop's lag must stay far below
-BOUND = 0.5
+BOUND = 1.0  # a blocked loop shows BLOCKED; a busy machine, milliseconds
 
 
 class SlowToken:

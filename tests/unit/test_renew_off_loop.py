@@ -18,7 +18,7 @@ from tests.unit.loop_lag import loop_lag
 
 NODE = "edge-7"
 BLOCKED = 2.0  # seconds an fsync takes; the loop's lag must stay far below
-BOUND = 0.5
+BOUND = 1.0  # a blocked loop shows BLOCKED; a busy machine, milliseconds
 
 
 def user_cert(

@@ -19,7 +19,7 @@ from cloud_gateway.revocation import RevocationWatcher
 from tests.unit.loop_lag import loop_lag
 
 BLOCKED = 2.0  # seconds a stat of the file takes; the loop's lag must stay far below
-BOUND = 0.5
+BOUND = 1.0  # a blocked loop shows BLOCKED; a busy machine, milliseconds
 
 
 _MTIMES = itertools.count(1_000_000_000_000_000_000, 1_000_000_000)
