@@ -4,8 +4,10 @@ with a private vfs storage), unpacked like a runtime would, and run two ways.
 Without a runtime: the image's entrypoint and command, its environment and its user, in a
 chroot in a private mount namespace with /proc and /dev. The gateway, its PKI made by the
 image's own `cloud-gateway certs`, serves /healthz as uid 65532 on a loopback port, and the
-agent image (simulated GPUs) pushes to it over SSH. With a real OCI runtime: buildah loads
-the gateway's archive and runc runs it (test_gateway_image_runs_under_runc).
+agent image (simulated GPUs) pushes to it over SSH. With a real OCI runtime, runc: buildah
+loads the gateway's archive and runs it with runc (test_gateway_image_runs_under_runc); the
+agent image runs from a bundle of its unpacked archive and image config, as a node's runtime
+hands it to runc, and pushes to a gateway on the host (test_agent_image_runs_under_runc).
 
 Needs root, buildah, debootstrap, runc and deb.debian.org/PyPI (`buildah_bin` and
 `runc_bin` skip without them, fail under EDGE_GPU_RELAY_REQUIRE_BUILDAH=1). The
@@ -29,12 +31,15 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_gateway.config import GatewayConfig, HttpConfig, SshConfig
 from gpurelay.version import installed_version
+from harness.fleet import TOKEN as FLEET_TOKEN
+from harness.fleet import make_pki
 from harness.ports import free_ports
 from harness.process import Process
-from harness.services import gateway_toml
+from harness.services import GatewayProc, gateway_toml
 from harness.waiting import wait_until
 from tests.conftest import assert_shellcheck_clean
 
@@ -291,6 +296,37 @@ def _as(image: Image, *args: str) -> str:
     return proc.stdout
 
 
+def _agent_toml(agent_port: int, ssh_port: int) -> str:
+    """The agent image's config: NODE with two simulated GPUs (the labelled NVML simulator:
+    no GPU here), its exporter on loopback ``agent_port``, pushing every second to a gateway
+    on loopback ``ssh_port`` with the key, certificate and known_hosts under
+    /etc/edge-gpu-relay/certs, spooling where the DaemonSet's hostPath is."""
+    return f"""node_name = "{NODE}"
+listen = "127.0.0.1:{agent_port}"
+interval_seconds = 1.0
+
+[simulate]
+gpus = 2
+
+[gateway]
+address = "127.0.0.1:{ssh_port}"
+known_hosts = "/etc/edge-gpu-relay/certs/known_hosts"
+key = "/etc/edge-gpu-relay/certs/{NODE}.key"
+backoff_initial_seconds = 0.2
+backoff_max_seconds = 1.0
+
+[spool]
+directory = "/var/lib/edge-gpu-relay/spool"
+"""
+
+
+def _online_with_gpus(base: str, token: str) -> bool:
+    """The gateway at ``base`` lists NODE, and only NODE, online with its two GPUs."""
+    auth = {"Authorization": f"Bearer {token}"}
+    nodes = httpx.get(f"{base}/api/v1/nodes", headers=auth, timeout=5).json()["nodes"]
+    return [(n["name"], n["state"], n["gpu_count"]) for n in nodes] == [(NODE, "online", 2)]
+
+
 def test_gateway_and_agent_images_run_together(images: dict[str, Image], tmp_path: Path) -> None:
     gateway, agent = images["cloud-gateway"], images["edge-agent"]
     # The fleet PKI, made by the gateway image's own CLI, as its user, in its /tmp.
@@ -318,25 +354,7 @@ def test_gateway_and_agent_images_run_together(images: dict[str, Image], tmp_pat
     shutil.copy(host_ca / "known_hosts", certs / "known_hosts")
     for suffix in ("", "-cert.pub"):
         shutil.copy(host_ca / "nodes" / f"{NODE}{suffix}", certs / f"{NODE}.key{suffix}")
-    (agent.rootfs / "etc/edge-gpu-relay/agent.toml").write_text(
-        f"""node_name = "{NODE}"
-listen = "127.0.0.1:{agent_port}"
-interval_seconds = 1.0
-
-[simulate]
-gpus = 2
-
-[gateway]
-address = "127.0.0.1:{ssh_port}"
-known_hosts = "/etc/edge-gpu-relay/certs/known_hosts"
-key = "/etc/edge-gpu-relay/certs/{NODE}.key"
-backoff_initial_seconds = 0.2
-backoff_max_seconds = 1.0
-
-[spool]
-directory = "/var/lib/edge-gpu-relay/spool"
-"""
-    )
+    (agent.rootfs / "etc/edge-gpu-relay/agent.toml").write_text(_agent_toml(agent_port, ssh_port))
 
     gw = _in_image_process(gateway, "cloud-gateway image", tmp_path / "gateway.log")
     ag = _in_image_process(agent, "edge-agent image", tmp_path / "agent.log")
@@ -365,11 +383,12 @@ directory = "/var/lib/edge-gpu-relay/spool"
         )
         assert _uid_of(ag.pid) == 0
 
-        def node_online() -> bool:
-            nodes = httpx.get(f"{base}/api/v1/nodes", headers=auth, timeout=5).json()["nodes"]
-            return [(n["name"], n["state"], n["gpu_count"]) for n in nodes] == [(NODE, "online", 2)]
-
-        wait_until(node_online, 90, f"{NODE} online at the gateway", alive=[ag, gw])
+        wait_until(
+            lambda: _online_with_gpus(base, TOKEN),
+            90,
+            f"{NODE} online at the gateway",
+            alive=[ag, gw],
+        )
         metrics = httpx.get(f"{base}/metrics", headers=auth, timeout=10).text
         assert any(
             line.startswith("DCGM_FI_DEV_GPU_UTIL{") and NODE in line
@@ -505,3 +524,161 @@ def test_gateway_image_runs_under_runc(
             [*buildah, "rmi", "--all", "--force"], capture_output=True, timeout=120, check=False
         )
         shutil.rmtree(storage, ignore_errors=True)
+
+
+def _bind(source: Path, destination: str, *, readonly: bool) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": str(source),
+        "options": ["rbind", "ro" if readonly else "rw"],
+    }
+
+
+TMPFS = {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]}
+
+
+def _runc_bundle(
+    runc: Path, image: Image, bundle: Path, mounts: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """An OCI runtime bundle in ``bundle`` for ``image``, made from the image config buildah
+    wrote as a node's runtime makes one: runc's own default spec (read-only root
+    filesystem, no new privileges, /proc paths masked, its own PID, mount, IPC and UTS
+    namespaces) with the image's entrypoint and command, environment, user and working
+    directory, every capability dropped (the DaemonSet's ``drop: ["ALL"]``), the host's
+    network namespace, and ``mounts``. Returns the container's argv."""
+    bundle.mkdir()
+    subprocess.run([str(runc), "spec", "--bundle", str(bundle)], check=True, timeout=30)
+    path = bundle / "config.json"
+    spec = json.loads(path.read_text())
+    uid, _, gid = image.config["User"].partition(":")
+    argv = [*image.config["Entrypoint"], *image.config.get("Cmd", [])]
+    process = spec["process"]
+    process |= {
+        "terminal": False,
+        "args": argv,
+        "env": image.config["Env"],
+        "user": {"uid": int(uid), "gid": int(gid)},
+        "cwd": image.config.get("WorkingDir") or "/",
+        "capabilities": {kind: [] for kind in process["capabilities"]},
+    }
+    spec["root"] = {"path": str(image.rootfs), "readonly": True}
+    spec["mounts"] += mounts
+    linux = spec["linux"]
+    linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
+    path.write_text(json.dumps(spec, indent=1))
+    return argv
+
+
+def _mount_options(pid: int, mountpoint: str) -> list[str]:
+    [options] = [
+        fields[5].split(",")
+        for fields in map(str.split, Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
+        if fields[4] == mountpoint
+    ]
+    return options
+
+
+def test_agent_image_runs_under_runc(
+    images: dict[str, Image], runc_bin: Path, tmp_path: Path
+) -> None:
+    """The agent image as an edge box runs it: runc, from a bundle of the unpacked archive
+    and its image config (entrypoint and command, root, the image's environment), read-only
+    root filesystem, no capability, config and credentials on a read-only mount, spool on
+    a writable one (the DaemonSet's ConfigMap, Secret and hostPath), in the host's network
+    namespace where a gateway runs on loopback. The agent (the labelled NVML simulator: no
+    GPU here) connects; the gateway lists the node online and serves its GPU series under
+    Hostname=NODE; SIGTERM makes the agent exit 0; the container is deleted for sure."""
+    agent = images["edge-agent"]
+    pki = make_pki(tmp_path)
+    gw = GatewayProc(pki, tmp_path)
+    conf = tmp_path / "conf"
+    (conf / "certs").mkdir(parents=True)
+    node = pki.node(NODE)
+    assert node.private_key is not None
+    shutil.copy(pki.ca.known_hosts, conf / "certs" / "known_hosts")
+    shutil.copy(node.private_key, conf / "certs" / f"{NODE}.key")
+    shutil.copy(node.certificate, conf / "certs" / f"{NODE}.key-cert.pub")
+    (agent_port,) = free_ports(1)
+    (conf / "agent.toml").write_text(_agent_toml(agent_port, gw.ssh_port))
+    spool = tmp_path / "state"
+    spool.mkdir()
+    etc = "/etc/edge-gpu-relay"
+    mounts = [
+        _bind(conf, etc, readonly=True),
+        _bind(spool, "/var/lib/edge-gpu-relay", readonly=False),
+        TMPFS,
+    ]
+    argv = _runc_bundle(runc_bin, agent, tmp_path / "bundle", mounts)
+    runc = [str(runc_bin), "--root", str(tmp_path / "runc")]  # its state, not /run/runc
+    name = f"edge-agent-image-{os.getpid()}"
+    ag = Process(
+        "edge-agent under runc",
+        [*runc, "run", "--bundle", str(tmp_path / "bundle"), name],
+        tmp_path / "agent.log",
+    )
+    agent_url = f"http://127.0.0.1:{agent_port}"
+    try:
+        gw.start()
+        wait_until(gw.ready, 60, "the gateway on the host", alive=[gw])
+        ag.start()
+        wait_until(
+            lambda: httpx.get(f"{agent_url}/healthz", timeout=5).status_code == 200,
+            90,
+            "/healthz of the agent under runc",
+            alive=[ag, gw],
+        )
+        [pid] = [
+            p
+            for p in _descendants(ag.pid)
+            if argv[0] in Path(f"/proc/{p}/cmdline").read_text().split("\0")
+        ]
+        assert _uid_of(pid) == 0
+        environ = Path(f"/proc/{pid}/environ").read_text().split("\0")
+        assert set(agent.config["Env"]) <= set(environ), environ  # runc adds HOME
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        [cap_eff] = [line.split()[1] for line in status if line.startswith("CapEff:")]
+        assert int(cap_eff, 16) == 0, "no capability"
+        for ns in ("pid", "mnt"):
+            assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+        assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+        assert "ro" in _mount_options(pid, etc)
+        assert "ro" in _mount_options(pid, "/")
+        info = [
+            line
+            for line in httpx.get(f"{agent_url}/metrics", timeout=5).text.splitlines()
+            if line.startswith("gpurelay_agent_info{")
+        ]
+        assert len(info) == 1 and 'backend="simulated"' in info[0], info
+
+        wait_until(
+            lambda: _online_with_gpus(gw.url, FLEET_TOKEN),
+            90,
+            f"{NODE} online at the gateway",
+            alive=[ag, gw],
+        )
+        metrics = httpx.get(
+            f"{gw.url}/metrics", headers={"Authorization": f"Bearer {FLEET_TOKEN}"}, timeout=10
+        ).text
+        gpus = {
+            sample.labels["gpu"]
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "DCGM_FI_DEV_GPU_UTIL"
+            for sample in family.samples
+            if sample.labels.get("Hostname") == NODE
+        }
+        assert gpus == {"0", "1"}, metrics
+        assert ag.stop() == 0, ag.tail()  # runc hands SIGTERM to the agent: it exits 0
+    except BaseException:
+        print(gw.tail(), ag.tail(), sep="\n")
+        raise
+    finally:
+        ag.stop()
+        gw.stop()
+        subprocess.run(
+            [*runc, "delete", "--force", name], capture_output=True, timeout=60, check=False
+        )
+    left = subprocess.run(
+        [*runc, "list", "--quiet"], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert left.stdout.split() == [], "the container is gone"
