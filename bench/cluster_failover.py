@@ -103,12 +103,18 @@ def main() -> int:
         backoff_max=args.backoff_max,
         heartbeat_seconds=args.heartbeat,
         ttl_seconds=args.ttl,
+        redispatch=args.redispatch,
     )
     print(f"machine: {cores} cores ({usable} usable by this process), python "
           f"{sys.version.split()[0]}, everything on loopback")  # fmt: skip
     print(
-        f"cluster: {spec.gateways} gateways behind haproxy (leastconn, check every 1 s, fall 2), "
-        f"{spec.simulated} agents (1 GPU, a batch every {spec.interval:g} s, backoff "
+        f"cluster: {spec.gateways} gateways behind haproxy (leastconn, check every 1 s, fall 2, "
+        + (
+            "a refused connection retried elsewhere and marking its server down), "
+            if spec.redispatch
+            else "haproxy's defaults: no redispatch, no observe), "
+        )
+        + f"{spec.simulated} agents (1 GPU, a batch every {spec.interval:g} s, backoff "
         f"{spec.backoff_initial:g} s initial / {spec.backoff_max:g} s max), heartbeat "
         f"{spec.heartbeat_seconds:g} s, ttl {spec.ttl_seconds:g} s",
         flush=True,
@@ -380,6 +386,13 @@ def parse_args() -> argparse.Namespace:
     add("--settle", type=float, default=300.0, help="s for every agent to be online at start")
     add("--failover-timeout", type=float, default=180.0, help="s for the kill's nodes to return")
     add("--timeout", type=float, default=900.0, help="s for the whole run, then abort")
+    add(
+        "--redispatch",
+        action="store_true",
+        help="haproxy retries a refused connection on another gateway and marks the refusing "
+        "one down at once (retries 2, option redispatch 1, observe layer4): the dead gateway "
+        "gets no agent in the seconds before its health check fails",
+    )
     args = parser.parse_args()
     if args.gateways < 2:
         parser.error("--gateways must be at least 2 (one is killed)")

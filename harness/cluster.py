@@ -71,6 +71,7 @@ class ClusterSpec:
     victoria: bool = False  # VictoriaMetrics instead (single node, /api/v1/write)
     scrape: bool = False  # a Prometheus scraping every gateway's /metrics every second
     joining: int = 0  # gateways started later (Cluster.join): haproxy spares, scraped too
+    redispatch: bool = False  # haproxy retries a refused connection elsewhere (Haproxy)
 
 
 @dataclass
@@ -201,7 +202,11 @@ class Cluster:
             wait_until(self.prometheus.ready, 60, "prometheus ready")
         backends = [(gid, gw.ssh_port) for gid, gw in self.gateways.items()]
         self.lb = Haproxy(
-            _dir(tmp / "haproxy"), backends, spare=list(self.joining), binary=haproxy_bin
+            _dir(tmp / "haproxy"),
+            backends,
+            spare=list(self.joining),
+            binary=haproxy_bin,
+            redispatch=spec.redispatch,
         )
         self.lb.start()
         for k in range(spec.real):

@@ -37,20 +37,28 @@ class Haproxy(Process):
         *,
         spare: Sequence[str] = (),
         binary: Path | None = None,
+        redispatch: bool = False,
     ) -> None:
+        """``redispatch``: a connection a server refuses is retried on another one and that
+        server is marked down at once (retries 2, option redispatch 1, observe layer4);
+        off (haproxy's defaults, as deploy/haproxy/haproxy.cfg), a dead gateway gets new
+        agents until its health check has failed twice."""
         binary = binary or find_haproxy()
         if binary is None:
             raise HarnessError("haproxy not found (Debian package `haproxy`)")
         self.port = free_ports(1)[0]
         self.admin = tmp / "haproxy.sock"
         self.config = tmp / "haproxy.cfg"
+        observe = " observe layer4 error-limit 1 on-error mark-down" if redispatch else ""
         servers = [
-            f"    server {name} 127.0.0.1:{port} check inter 1s fall 2 rise 1"
+            f"    server {name} 127.0.0.1:{port} check inter 1s fall 2 rise 1{observe}"
             for name, port in backends
         ]
         # a spare starts in maintenance at a placeholder address; add() points it at a
         # gateway and makes it ready
-        servers += [f"    server {name} 127.0.0.1:1 check inter 1s disabled" for name in spare]
+        servers += [
+            f"    server {name} 127.0.0.1:1 check inter 1s disabled{observe}" for name in spare
+        ]
         self.config.write_text(
             "\n".join(
                 [
@@ -62,6 +70,7 @@ class Haproxy(Process):
                     "    timeout connect 2s",
                     "    timeout client 1h",
                     "    timeout server 1h",
+                    *(["    retries 2", "    option redispatch 1"] if redispatch else []),
                     "frontend gateways_ssh",
                     f"    bind 127.0.0.1:{self.port}",
                     "    default_backend gateways",

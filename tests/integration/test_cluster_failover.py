@@ -186,7 +186,8 @@ def test_kill_9_of_a_gateway_moves_its_nodes_and_loses_nothing(
 
     wait_until(same_sd, 20, "the survivors' http_sd: the survivors' /metrics", poll=0.5)
     view = cluster.view(survivors[0])
-    assert all(o in survivors and s == "online" for o, s in view.values()), view
+    bad = [n for n, (o, s) in view.items() if o not in survivors or s != "online"]
+    assert not bad, {g: {n: cluster.nodes(g).get(n) for n in bad} for g in survivors}
     assert cluster.lb is not None
     through = cluster.lb.sessions()  # haproxy: every agent's connection on a survivor
     assert through[victim] == 0 and sum(through.values()) == len(owners), through
