@@ -50,19 +50,7 @@ class LosesOneCancellation:
 
 async def test_gateway_forwarders_stop_even_if_one_lost_its_cancellation() -> None:
     writer = LosesOneCancellation()
-    delivery = Delivery(remote_write=writer)  # type: ignore[arg-type]
-    session = delivery.open("n", log=LOG, send=lambda _f: None, failed=lambda _r: None)
-    session.take(
-        1,
-        apply=lambda _duplicate: None,
-        collection=lambda: Collection(
-            seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
-        ),
-    )
-    for _ in range(100):
-        if writer.sends:
-            break
-        await asyncio.sleep(0.01)
+    delivery = await sending(writer)
     assert writer.sends == 1
     # Before: aclose awaited the forwarder once cancelled; it took the lost cancellation
     # for a failed send and waited for more to send, and Gateway.shutdown with it. (This
@@ -91,19 +79,7 @@ async def test_closing_the_forwarders_keeps_a_cancellation_of_its_caller() -> No
     cancellation of the task calling aclose (a shutdown under a timeout): it returned as
     if done, and that timeout never fired."""
     writer = Held()
-    delivery = Delivery(remote_write=writer)  # type: ignore[arg-type]
-    session = delivery.open("n", log=LOG, send=lambda _f: None, failed=lambda _r: None)
-    session.take(
-        1,
-        apply=lambda _duplicate: None,
-        collection=lambda: Collection(
-            seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
-        ),
-    )
-    for _ in range(100):
-        if writer.sends:
-            break
-        await asyncio.sleep(0.01)
+    delivery = await sending(writer)
     closer = asyncio.create_task(delivery.aclose())
     await asyncio.sleep(0)  # aclose has cancelled the forwarder and waits for it
     closer.cancel()
@@ -279,3 +255,21 @@ def test_product_code_never_calls_asyncio_wait_for() -> None:
         for where in wait_for_uses(path.read_text())
     ]
     assert found == []
+
+
+async def sending(writer: LosesOneCancellation | Held) -> Delivery:
+    """A delivery whose one node's forwarder is in ``writer.send`` with a batch."""
+    delivery = Delivery(remote_write=writer)  # type: ignore[arg-type]
+    session = delivery.open("n", log=LOG, send=lambda _f: None, failed=lambda _r: None)
+    session.take(
+        1,
+        apply=lambda _duplicate: None,
+        collection=lambda: Collection(
+            seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
+        ),
+    )
+    for _ in range(100):
+        if writer.sends:
+            break
+        await asyncio.sleep(0.01)
+    return delivery
