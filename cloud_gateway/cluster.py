@@ -34,7 +34,8 @@ Rules, each with the reason for it:
   another process took (both started at once, an operator forcing) fences itself and
   counts it (``duplicate_ids``) rather than both claiming the same nodes under one name.
 - **Fair share** (:func:`to_shed`): a gateway holding more than its share of the nodes
-  lets a few agents go per second, so a gateway that joins fills up without a storm."""
+  lets a few agents go per second, so a gateway that joins fills up without a storm;
+  none while another's heartbeat is late (killed, it is alive for a ttl: its agents come)."""
 
 from __future__ import annotations
 
@@ -134,6 +135,8 @@ class Cluster:
         self._published: dict[str, tuple[str, ...]] = {}  # as last written, owned nodes
         self.via: dict[str, str] = {}  # a published endpoint's name -> its tunnel node
         self._last_refresh = -float("inf")
+        # NOTIFYs heard, and how many when the last fleet read began (test_cluster_refresh)
+        self._notices = self._notices_read = 0
         self._pending: set[asyncio.Task[None]] = set()
         self.budget = ClaimBudget()
         self._throttled: set[str] = set()  # nodes refused in this window (logged once)
@@ -258,7 +261,7 @@ class Cluster:
         if epoch > self._heard.get(node, (0, ""))[0]:
             self._heard[node] = (epoch, gateway)
         self._lose_if_newer(node, gateway, epoch)
-        self._last_refresh = -float("inf")  # re-read the fleet at the next tick
+        self._notices += 1  # re-read the fleet at the next tick
 
     def _lose_if_newer(self, node: str, gateway: str, epoch: int) -> None:
         """Another gateway claimed ``node``: ``on_lost`` whether this one owns it now or
@@ -312,7 +315,7 @@ class Cluster:
             log.warning("cluster: cannot listen for claims: %s", exc)
         await self._lead()
         self._shed()
-        if sent - self._last_refresh >= self.refresh_seconds:
+        if self._notices != self._notices_read or sent - self._last_refresh >= self.refresh_seconds:
             await self._forget()
             await self._refresh(sent)
 
@@ -346,6 +349,9 @@ class Cluster:
         live = [m for m in self.members if m.alive(self.ttl_seconds)]
         others = [m.nodes for m in live if m.id != self.gateway]
         self._totals.append(sum(others) + len(self.owned))
+        if any(m.heartbeat_age > 2 * self.heartbeat_seconds for m in live if m.id != self.gateway):
+            self._over = 0  # one is late (killed?): its agents come here, none go to it
+            return
         total = max(self._totals)  # not below the share for the agents in flight
         per_tick = max(1, round(SHED_PER_SECOND * self.heartbeat_seconds))
         count = to_shed(
@@ -442,6 +448,7 @@ class Cluster:
         self._on_fenced(reason)
 
     async def _refresh(self, now: float) -> None:
+        asked = self._notices  # a NOTIFY heard from here on may be newer than the read
         try:
             entries = await self.directory.entries()
         except DirectoryError as exc:
@@ -449,7 +456,7 @@ class Cluster:
             log.warning("cluster: could not read the fleet from the directory: %s", exc)
             return
         self.entries = {e.node: e for e in entries}
-        self._last_refresh = now
+        self._last_refresh, self._notices_read = now, asked
         self.via = {
             target.rpartition(":")[0]: e.node
             for e in entries
