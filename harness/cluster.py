@@ -71,7 +71,8 @@ class ClusterSpec:
     victoria: bool = False  # VictoriaMetrics instead (single node, /api/v1/write)
     scrape: bool = False  # a Prometheus scraping every gateway's /metrics every second
     joining: int = 0  # gateways started later (Cluster.join): haproxy spares, scraped too
-    redispatch: bool = False  # haproxy retries a refused connection elsewhere (Haproxy)
+    # haproxy retries a refused connection elsewhere, marks that gateway down (as shipped)
+    redispatch: bool = True
 
 
 @dataclass

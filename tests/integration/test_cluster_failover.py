@@ -263,7 +263,15 @@ def fresh(views: dict[str, dict[str, dict[str, Any]]], via: str, node: str, sinc
 def held_twice(url: str, names: str, window_s: int) -> tuple[list[str], int]:
     """Raw samples of the ``names`` series scraped from the gateways over ``window_s``: the
     series (labels but the target's) that one gateway's scrape held while another's
-    consecutive scrapes (at most HELD_GAP apart) held it too; and how many series."""
+    consecutive scrapes (at most HELD_GAP apart, with no successful scrape of that gateway
+    between them: a node shed, claimed elsewhere and back within HELD_GAP is not held
+    throughout) held it too; and how many series."""
+    r = httpx.get(f"{url}/api/v1/query", params={"query": f"up[{window_s}s]"}, timeout=30)
+    r.raise_for_status()
+    scraped: dict[str, list[float]] = defaultdict(list)  # gateway -> its successful scrapes
+    for item in r.json()["data"]["result"]:
+        source = item["metric"]["scraped_from"]
+        scraped[source] += [float(t) for t, v in item["values"] if v == "1"]
     r = httpx.get(
         f"{url}/api/v1/query",
         params={"query": f'{{__name__=~"{names}"}}[{window_s}s]'},
@@ -282,7 +290,7 @@ def held_twice(url: str, names: str, window_s: int) -> tuple[list[str], int]:
     for key, by_source in held.items():
         for source, times in by_source.items():
             for t1, t2 in itertools.pairwise(times):
-                if t2 - t1 > HELD_GAP:
+                if t2 - t1 > HELD_GAP or any(t1 < t < t2 for t in scraped[source]):
                     continue
                 for other, others in by_source.items():
                     hits = [t for t in others if other != source and t1 <= t <= t2]
