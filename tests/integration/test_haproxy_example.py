@@ -64,6 +64,12 @@ class StandIn:
             conn.sendall(f"SSH-2.0-{self.name}\r\n".encode())
             self.held.append(conn)
 
+    def kill(self) -> None:
+        """As kill -9 does: its ports refuse, its tunnels are closed."""
+        self.ssh.shutdown(socket.SHUT_RDWR)  # wakes the accept thread: close alone does not
+        self.close()
+        self.held.clear()
+
     def close(self) -> None:
         self.http.shutdown()
         self.http.server_close()
@@ -178,6 +184,32 @@ def test_the_example_routes_by_readyz_and_least_connections(
         # Ready again: back in rotation (slowstart then ramps its share up).
         gateways[1].ready = True
         wait_for(admin, "gw2", "UP")
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_a_killed_gateway_gets_no_agent_before_its_health_check_notices(
+    running: tuple[list[StandIn], int, Path],
+) -> None:
+    """kill -9 of a gateway: its tunnels close, so leastconn favours it (no tunnels) until
+    two health checks failed, up to ~4 s. Agents reconnecting meanwhile must not be sent
+    there: the example's retries/redispatch send a refused connection to another gateway,
+    and observe layer4 marks the dead one down at once. Without those lines haproxy closed
+    these connections (the agents' handshakes failed and they backed off)."""
+    gateways, lb_port, admin = running
+    held = []
+    try:
+        for _ in range(6):
+            held.append(dial(lb_port)[0])
+        gateways[0].kill()
+        names = []
+        for _ in range(6):  # right away: the health check has not failed twice yet
+            conn, name = dial(lb_port)
+            held.append(conn)
+            names.append(name)
+        assert set(names) <= {"gw2", "gw3"}, names
+        assert servers(admin)["gw1"][0] == "DOWN"  # marked at its first refusal
     finally:
         for conn in held:
             conn.close()
