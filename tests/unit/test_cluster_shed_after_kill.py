@@ -8,26 +8,13 @@ survivor after their backoff, offline meanwhile, one more reconnect each."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from cloud_gateway.cluster import Cluster
 from cloud_gateway.directory_pg import Member
+from tests.unit.test_cluster_shedding import holding
 
 
 def survivor() -> tuple[Cluster, list[list[str]]]:
-    shed: list[list[str]] = []
-    directory = SimpleNamespace(gateway="gw-c", on_claim=None)
-    cluster = Cluster(
-        directory,  # type: ignore[arg-type]
-        advertise="127.0.0.1:1",
-        heartbeat_seconds=0.5,
-        ttl_seconds=3.0,
-        on_lost=lambda node, owner: None,
-        on_fenced=lambda reason: None,
-        on_shed=shed.append,
-    )
-    cluster.owned = {f"edge-{i:03d}": 1 for i in range(17)}  # 12 of its own, 5 of gw-a's
-    return cluster, shed
+    return holding("gw-c", 17)  # 12 of its own, 5 of gw-a's
 
 
 def test_a_member_silent_for_more_than_two_heartbeats_stops_the_shedding() -> None:

@@ -61,18 +61,7 @@ def test_a_newcomer_gets_its_share_less_the_slack_and_then_nothing_moves(
 
 
 def test_the_gateway_passes_the_lightest_members_count() -> None:
-    shed: list[list[str]] = []
-    directory = SimpleNamespace(gateway="gw-a", on_claim=None)
-    cluster = Cluster(
-        directory,  # type: ignore[arg-type]
-        advertise="127.0.0.1:1",
-        heartbeat_seconds=0.5,
-        ttl_seconds=3.0,
-        on_lost=lambda node, owner: None,
-        on_fenced=lambda reason: None,
-        on_shed=shed.append,
-    )
-    cluster.owned = {f"edge-{i:03d}": 1 for i in range(11)}
+    cluster, shed = holding("gw-a", 11)
     cluster.members = [
         Member("gw-a", "a:1", 0.1, 11, 60.0),
         Member("gw-b", "b:1", 0.1, 11, 60.0),
@@ -98,18 +87,7 @@ def test_agents_in_flight_do_not_lower_the_share() -> None:
     """Between a GOODBYE and its claim elsewhere an agent is counted on no gateway (1-3 s
     of reconnecting): the fleet seems smaller, the share too, and an old gateway shed below
     the true share onto another old one (34 nodes seen as 31: share 8, not 9)."""
-    shed: list[list[str]] = []
-    directory = SimpleNamespace(gateway="gw-b", on_claim=None)
-    cluster = Cluster(
-        directory,  # type: ignore[arg-type]
-        advertise="127.0.0.1:1",
-        heartbeat_seconds=0.5,
-        ttl_seconds=3.0,
-        on_lost=lambda node, owner: None,
-        on_fenced=lambda reason: None,
-        on_shed=shed.append,
-    )
-    cluster.owned = {f"edge-{i:03d}": 1 for i in range(9)}
+    cluster, shed = holding("gw-b", 9)
     cluster.members = [
         Member("gw-a", "a:1", 0.1, 11, 60.0),
         Member("gw-b", "b:1", 0.1, 9, 60.0),
@@ -122,3 +100,21 @@ def test_agents_in_flight_do_not_lower_the_share() -> None:
     for _ in range(3):  # 31, three agents reconnecting
         cluster._shed()
     assert shed == []
+
+
+def holding(gateway: str, nodes: int) -> tuple[Cluster, list[list[str]]]:
+    """A member ``gateway`` of a cluster without a directory (heartbeat 0.5 s, ttl 3 s)
+    owning ``nodes`` nodes, and the lists of nodes it sheds."""
+    shed: list[list[str]] = []
+    directory = SimpleNamespace(gateway=gateway, on_claim=None)
+    cluster = Cluster(
+        directory,  # type: ignore[arg-type]
+        advertise="127.0.0.1:1",
+        heartbeat_seconds=0.5,
+        ttl_seconds=3.0,
+        on_lost=lambda node, owner: None,
+        on_fenced=lambda reason: None,
+        on_shed=shed.append,
+    )
+    cluster.owned = {f"edge-{i:03d}": 1 for i in range(nodes)}
+    return cluster, shed
