@@ -36,6 +36,7 @@ from gpurelay.enrollment import ENROLL_USER_PREFIX, sign_token
 from gpurelay.files import write_atomic
 from gpurelay.model import Family
 from tests.conftest import small_tmpfs
+from tests.unit.test_certificate_answer import answer
 
 NODE = "edge-7"
 NONCE = "0123456789abcdef0123456789abcdef"
@@ -214,16 +215,7 @@ class RefusingConnection:
     async def run(self, **kwargs: object) -> asyncssh.SSHCompletedProcess:
         self.asked += 1
         assert kwargs["subsystem"] == "gpurelay-renew"
-        return asyncssh.SSHCompletedProcess(
-            env={},
-            command="",
-            subsystem="gpurelay-renew",
-            exit_status=1,
-            exit_signal=None,
-            returncode=1,
-            stdout="",
-            stderr="error: node revoked\n",
-        )
+        return answer(1, stderr="error: node revoked\n")
 
 
 async def test_a_failed_renewal_is_counted_logged_and_retried_after_five_minutes(

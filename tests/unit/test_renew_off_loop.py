@@ -15,6 +15,7 @@ import pytest
 from edge_agent.config import TunnelConfig
 from edge_agent.renew import Renewer
 from tests.unit.loop_lag import loop_lag
+from tests.unit.test_certificate_answer import answer
 
 NODE = "edge-7"
 BLOCKED = 2.0  # seconds an fsync takes; the loop's lag must stay far below
@@ -43,16 +44,7 @@ class AnsweringConnection:
 
     async def run(self, **kwargs: object) -> asyncssh.SSHCompletedProcess:
         assert kwargs["subsystem"] == "gpurelay-renew"
-        return asyncssh.SSHCompletedProcess(
-            env={},
-            command="",
-            subsystem="gpurelay-renew",
-            exit_status=0,
-            exit_signal=None,
-            returncode=0,
-            stdout=self.cert.export_certificate().decode("ascii"),
-            stderr="",
-        )
+        return answer(0, stdout=self.cert.export_certificate().decode("ascii"))
 
 
 @pytest.mark.parametrize("new_key", [False, True], ids=["same-key", "new-key"])
