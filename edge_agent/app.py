@@ -32,10 +32,13 @@ from edge_agent.collect_alloc import AllocationCollector
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import GPU_MEMORY_UNITS_MIB, AgentConfig, resolve_node_name
+from edge_agent.degraded import Degraded
 from edge_agent.errors import AgentError, NvmlUnavailable
 from edge_agent.httpd import HttpServer
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
+from edge_agent.nvml.guard import GpuGuard
+from edge_agent.nvml.profiles import DEFAULT_PROFILE, profile_named
 from edge_agent.outbox import Outbox
 from edge_agent.spool import Spool, SpoolLimits
 from edge_agent.tunnel import Tunnel
@@ -50,8 +53,9 @@ log = logging.getLogger("edge_agent")
 SPOOL_RECOVERY_SECONDS = 300.0  # a full-disk episode ends after this long without a failure
 
 SIMULATION_BANNER = (
-    "*** SIMULATED GPUs: {n} simulated GPU(s), seed {seed}{mig}. These values are synthetic, "
-    'not read from hardware; gpurelay_agent_info{{backend="simulated"}} says so. ***'
+    "*** SIMULATED GPUs: machine profile {profile} ({summary}), {n} simulated GPU(s), "
+    "seed {seed}{mig}. These values are synthetic, not read from hardware; "
+    'gpurelay_agent_info{{backend="simulated"}} says so. ***'
 )
 
 
@@ -92,25 +96,28 @@ class Backend:
 
 
 def open_backend(cfg: AgentConfig) -> Backend:
-    if cfg.simulate.gpus <= 0:
+    if not cfg.simulate.enabled:
         return Backend(open_real(), "nvml", cfg)
     from edge_agent import simhost
     from edge_agent.nvml.simulator import SimulatedNvml
 
     sim_cfg = cfg.simulate
+    machine = profile_named(sim_cfg.profile or DEFAULT_PROFILE)
+    gpus = sim_cfg.gpus or machine.gpus
     pids = None
     scratch = None
     if sim_cfg.fake_host:
         scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simhost-")
-        pids = simhost.default_pids(sim_cfg.gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
+        pids = simhost.default_pids(gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
         host = simhost.build(Path(scratch.name), pids, sim_cfg.seed)
         attribution = simhost.attribution_config(host, cfg.attribution)
         cfg = dataclasses.replace(cfg, attribution=attribution)
     sim = SimulatedNvml(
-        sim_cfg.gpus,
+        gpus,
         seed=sim_cfg.seed,
         mig=sim_cfg.mig,
         processes_per_gpu=sim_cfg.processes_per_gpu,
+        profile=machine if sim_cfg.profile else None,
         pids=pids,
     )
     sim.nvmlInit()
@@ -119,8 +126,11 @@ def open_backend(cfg: AgentConfig) -> Backend:
         from edge_agent import simkubelet
 
         cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
-    mig = ", MIG on GPU 0" if sim_cfg.mig else ""
-    banner = SIMULATION_BANNER.format(n=sim_cfg.gpus, seed=sim_cfg.seed, mig=mig)
+    mig_gpus = sim.profile.mig_gpus
+    mig = f", MIG on GPU {', '.join(map(str, mig_gpus))}" if mig_gpus else ""
+    banner = SIMULATION_BANNER.format(
+        profile=machine.name, summary=machine.summary, n=gpus, seed=sim_cfg.seed, mig=mig
+    )
     if cfg.log_format == "json":  # every line of stderr is then a JSON object
         log.warning("%s", banner)
     else:
@@ -144,8 +154,12 @@ def build_pipeline(
         devices, problems = enumerate_gpus(lib)
     except Exception as exc:
         raise NvmlUnavailable(f"NVML answered but GPUs cannot be listed: {exc}") from exc
+    degraded = Degraded()
     for problem in problems:
-        log.error(problem)
+        log.error("%s", problem)
+        degraded.report(problem.gpu, problem.part, problem.reason)
+    guard = GpuGuard()  # a thread per GPU: a hung NVML call stalls that GPU, not the cycle
+    deadline = min(cfg.nvml_deadline_seconds, cfg.interval_seconds)
     xid = XidWatcher(lib, devices)
     a = cfg.attribution
     attributor = Attributor(
@@ -157,9 +171,26 @@ def build_pipeline(
         api_timeout=a.api_timeout_seconds,
     )
     device = DeviceCollector(
-        lib, devices, counters, node=node, driver_version=driver, xid=xid, node_label=cfg.node_label
+        lib,
+        devices,
+        counters,
+        node=node,
+        driver_version=driver,
+        xid=xid,
+        node_label=cfg.node_label,
+        degraded=degraded,
+        guard=guard,
+        deadline_seconds=deadline,
     )
-    process = ProcessCollector(lib, devices, attributor, node=node)
+    process = ProcessCollector(
+        lib,
+        devices,
+        attributor,
+        node=node,
+        degraded=degraded,
+        guard=guard,
+        deadline_seconds=deadline,
+    )
     pods, alloc = _pod_resources(cfg, lib, devices, node, lambda: process.pod_gpus)
     if pods is not None:
         device.pod_labels = pods.device_labels

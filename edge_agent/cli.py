@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent import __version__
-from edge_agent.config import AgentConfig, load, resolve_node_name
+from edge_agent.config import AgentConfig, SimulateConfig, load, resolve_node_name
 from edge_agent.errors import AgentError, ConfigError
+from edge_agent.nvml.profiles import PROFILES
 from gpurelay import logs
 from gpurelay.bie import collect_document
 from gpurelay.exposition import render_text
@@ -27,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="TOML config file")
-    common.add_argument("--simulate", type=int, metavar="N", help="use N simulated GPUs")
+    common.add_argument(
+        "--simulate",
+        metavar="N|PROFILE[:N]",
+        help="simulated GPUs: N of the default machine (h100-sxm), or a machine profile "
+        f"({', '.join(sorted(PROFILES))}) with its own GPU count or N",
+    )
     common.add_argument("--simulate-seed", type=int, metavar="SEED")
     common.add_argument("--simulate-mig", action="store_true", help="GPU 0 in MIG mode")
     common.add_argument(
@@ -81,13 +87,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _simulate(sim: SimulateConfig, value: str) -> SimulateConfig:
+    """``--simulate``: ``N``, ``PROFILE`` or ``PROFILE:N``."""
+    name, _, count = value.rpartition(":") if ":" in value else ("", "", value)
+    if not count.isdigit():
+        name, count = value, ""
+    if name and name not in PROFILES:
+        known = ", ".join(sorted(PROFILES))
+        raise ConfigError(f"--simulate {value}: no machine profile {name!r} (known: {known})")
+    if count and int(count) < 1:
+        raise ConfigError("--simulate needs at least 1 GPU")
+    return dataclasses.replace(sim, gpus=int(count or 0), profile=name or sim.profile)
+
+
 def _config(args: argparse.Namespace) -> AgentConfig:
     cfg = load(args.config)
     sim = cfg.simulate
     if args.simulate is not None:
-        if args.simulate < 1:
-            raise ConfigError("--simulate needs at least 1 GPU")
-        sim = dataclasses.replace(sim, gpus=args.simulate)
+        sim = _simulate(sim, args.simulate)
     if args.simulate_seed is not None:
         sim = dataclasses.replace(sim, seed=args.simulate_seed)
     if args.simulate_pod_resources:

@@ -16,6 +16,7 @@ from edge_agent import __version__
 from edge_agent.collect_alloc import AllocationCollector
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
+from edge_agent.degraded import Degraded
 from gpurelay.model import Family, GpuInventory, SampleSink, Snapshot
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,12 @@ SELF_FAMILIES = (
         name="gpurelay_agent_unsupported_field",
         type="gauge",
         help="A field of the counters file that this node cannot supply (skipped).",
+    ),
+    Family(
+        name="gpurelay_agent_degraded",
+        type="gauge",
+        help="A part of a GPU that is not measured now, and why (its series are left out, "
+        "never published as 0).",
     ),
     Family(
         name="gpurelay_agent_gpu_healthy",
@@ -87,8 +94,10 @@ class Collector:
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         alloc: AllocationCollector | None = None,
+        degraded: Degraded | None = None,
     ) -> None:
         self._alloc = alloc
+        self._degraded = degraded or device.degraded
         self._node = node
         self._node_label = node_label
         self._backend = backend
@@ -109,8 +118,7 @@ class Collector:
     def collect(self) -> Snapshot:
         sink = SampleSink()
         gpus = self._run_device(sink)
-        if self._cycles == 0:
-            self._report_unsupported()
+        self._report_unsupported()
         self._run_process(sink)
         self._run_alloc(sink)
         self._cycles += 1
@@ -132,10 +140,13 @@ class Collector:
         self._device.close()
 
     def _report_unsupported(self) -> None:
-        """Once, after the first device pass: the fields this node cannot supply."""
+        """After every device pass: the fields this node cannot supply, each logged once
+        (a field can join them later: GPM sampling given up after a start)."""
+        before = self.unsupported
         self.unsupported = self._device.report_unsupported()
         for field, reason in sorted(self.unsupported.items()):
-            log.warning("field %s is skipped: %s", field, reason)
+            if before.get(field) != reason:
+                log.warning("field %s is skipped: %s", field, reason)
 
     def _run_device(self, sink: SampleSink) -> list[GpuInventory]:
         start = self._timer()
@@ -198,6 +209,9 @@ class Collector:
             sink.add("gpurelay_collector_duration_seconds", (("collector", name),), seconds)
         for field, reason in sorted(self.unsupported.items()):
             sink.add("gpurelay_agent_unsupported_field", (("field", field), ("reason", reason)), 1)
+        for (gpu, part), reason in sorted(self._degraded.current().items()):
+            degraded = (("gpu", gpu), ("part", part), ("reason", reason))
+            sink.add("gpurelay_agent_degraded", degraded, 1)
         for g in gpus:
             sink.add(
                 "gpurelay_agent_gpu_healthy",

@@ -10,13 +10,17 @@ unsupported once, with the reason, and never asked for again.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import pynvml
 
 from edge_agent.catalog import CounterSpec
+from edge_agent.degraded import Degraded
 from edge_agent.fields import (
     LABEL_SOURCES,
     NO_SOURCE_REASONS,
@@ -29,6 +33,7 @@ from edge_agent.fields import (
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.devices import GpuDevice
 from edge_agent.nvml.gpm import GpmStreams, entity_key
+from edge_agent.nvml.guard import GpuGuard, Job, Stalled
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Family, GpuInventory, Labels, SampleSink
 
@@ -57,8 +62,17 @@ class DeviceCollector:
         driver_version: str,
         xid: XidWatcher | None = None,
         node_label: str = "Hostname",
+        degraded: Degraded | None = None,
+        guard: GpuGuard | None = None,
+        deadline_seconds: float = 5.0,
     ) -> None:
         self._lib = lib
+        self.degraded = degraded or Degraded()
+        # Each GPU is read in its own thread, waited for at most deadline_seconds a cycle:
+        # a hung NVML call leaves that GPU out (stalled), the others are still published.
+        self.guard = guard or GpuGuard()
+        self.deadline_seconds = deadline_seconds
+        self._lock = threading.Lock()  # the state below is updated from the GPUs' threads
         self._devices = list(devices)
         self._node = node
         self._node_label = node_label  # Hostname or hostname (AgentConfig.node_label)
@@ -157,13 +171,56 @@ class DeviceCollector:
         return tuple(labels)
 
     def collect(self, sink: SampleSink) -> list[GpuInventory]:
-        """Read every active field of every GPU into ``sink``; return the inventory."""
+        """Read every active field of every GPU into ``sink``; return the inventory.
+
+        The GPUs are read at once, each in its thread; one not done by the deadline is
+        left out of this cycle (and of the next ones while its call has not returned)."""
         for fam in self.families:
             sink.declare(fam)
-        inventory = []
+        deadline = time.monotonic() + self.deadline_seconds
+        jobs: list[tuple[GpuDevice, SampleSink, Job[GpuInventory] | Stalled]] = []
         for dev in self._devices:
-            inventory.append(self._collect_gpu(dev, sink))
+            part = SampleSink()
+            try:
+                job: Job[GpuInventory] | Stalled = self.guard.submit(
+                    dev.uuid, partial(self._collect_gpu, dev, part)
+                )
+            except Stalled as exc:
+                job = exc
+            jobs.append((dev, part, job))
+        inventory = []
+        for dev, part, job in jobs:
+            try:
+                if isinstance(job, Stalled):
+                    raise job
+                inventory.append(self.guard.result(job, deadline))
+            except Stalled as exc:
+                inventory.append(self._stalled(dev, exc))
+                continue
+            self.degraded.clear(str(dev.index), "nvml_calls")
+            sink.extend(part)
         return inventory
+
+    def _stalled(self, dev: GpuDevice, exc: Stalled) -> GpuInventory:
+        self.degraded.report(
+            str(dev.index), "nvml_calls", f"{exc}; the GPU's series are left out until it returns"
+        )
+        with self._lock:
+            self.errors[("gpu", "Stalled")] += 1
+        return self._inventory(dev, healthy=False, total=0, used=0)
+
+    def _inventory(self, dev: GpuDevice, *, healthy: bool, total: int, used: int) -> GpuInventory:
+        return GpuInventory(
+            index=dev.index,
+            uuid=dev.uuid,
+            name=dev.name,
+            pci_bus_id=dev.pci_bus_id,
+            minor=dev.minor,
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            mig_enabled=dev.mig_enabled,
+            healthy=healthy,
+        )
 
     def _collect_gpu(self, dev: GpuDevice, sink: SampleSink) -> GpuInventory:
         xid = self._xid.last(dev.uuid) if self._xid else None
@@ -186,31 +243,40 @@ class DeviceCollector:
                     carry = self._carry[entity_key(dev.uuid, inst.gpu_instance_id)]
                     inst_probe = Probe(self._lib, inst.handle, carry=carry)
                     self._read_fields(dev, inst_probe, labels, sink, mig=True)
+            self._report_gpm(dev)
             total, _reserved, _free, used = probe.memory()
-            if dev.uuid in self._lost:
+            with self._lock:
+                answers_again = self._lost.pop(dev.uuid, None) is not None
+            if answers_again:
                 log.warning("GPU %d (%s) answers again", dev.index, dev.uuid)
-                del self._lost[dev.uuid]
         except _GPU_FATAL as exc:
             healthy = False
             total = used = 0
-            if dev.uuid not in self._lost:
+            with self._lock:
+                first = dev.uuid not in self._lost
+                self._lost[dev.uuid] = str(exc)
+                self.errors[("gpu", type(exc).__name__)] += 1
+            if first:
                 log.error("GPU %d (%s) cannot be read: %s", dev.index, dev.uuid, exc)
-            self._lost[dev.uuid] = str(exc)
-            self.errors[("gpu", type(exc).__name__)] += 1
         except pynvml.NVMLError as exc:  # memory info failed for another reason
             total = used = 0
-            self.errors[("memory", type(exc).__name__)] += 1
-        return GpuInventory(
-            index=dev.index,
-            uuid=dev.uuid,
-            name=dev.name,
-            pci_bus_id=dev.pci_bus_id,
-            minor=dev.minor,
-            memory_total_bytes=total,
-            memory_used_bytes=used,
-            mig_enabled=dev.mig_enabled,
-            healthy=healthy,
-        )
+            with self._lock:
+                self.errors[("memory", type(exc).__name__)] += 1
+        return self._inventory(dev, healthy=healthy, total=total, used=used)
+
+    def _report_gpm(self, dev: GpuDevice) -> None:
+        """Say (once) where GPM sampling was given up: its fields are left out there, and
+        PCIe throughput comes from nvmlDeviceGetPcieThroughput instead."""
+        for gi in (None, *(inst.gpu_instance_id for inst in dev.mig)):
+            carry = self._carry[entity_key(dev.uuid, gi)]
+            if carry.gpm_lost:
+                part = "profiling_counters" + ("" if gi is None else f" of GPU instance {gi}")
+                self.degraded.report(
+                    str(dev.index),
+                    part,
+                    f"{carry.gpm_lost}; DCGM_FI_PROF_* fields left out, PCIe throughput from "
+                    "nvmlDeviceGetPcieThroughput",
+                )
 
     def _read_fields(
         self, dev: GpuDevice, probe: Probe, labels: Labels, sink: SampleSink, *, mig: bool
@@ -230,12 +296,14 @@ class DeviceCollector:
             except NoValueYet:  # a rate's first reading
                 continue
             except pynvml.NVMLError_NotSupported:
-                skip.add(key)
+                with self._lock:
+                    skip.add(key)
                 if not mig:
                     log.info("GPU %d (%s): %s not supported, skipped", dev.index, dev.uuid, name)
                 continue
             except pynvml.NVMLError as exc:
-                self.errors[(name, type(exc).__name__)] += 1
+                with self._lock:
+                    self.errors[(name, type(exc).__name__)] += 1
                 continue
             sink.add(name, labels, float(value))
 
@@ -243,10 +311,16 @@ class DeviceCollector:
         """Fields nobody can serve: no NVML source, or NOT_SUPPORTED on every GPU."""
         report = dict(self.unsupported)
         if self._devices:
+            lost = {c.gpm_lost for c in self._carry.values() if c.gpm_lost}
+            with self._lock:
+                skip = set(self._skip)
             for active in self._active:
                 name = active.spec.field
-                if all((d.uuid, name) in self._skip for d in self._devices):
-                    report[name] = "not supported by any GPU on this node"
+                if all((d.uuid, name) in skip for d in self._devices):
+                    reason = "not supported by any GPU on this node"
+                    if active.source.gpm_only and lost:
+                        reason = "; ".join(sorted(lost))
+                    report[name] = reason
         return report
 
     def lost_gpus(self) -> dict[str, str]:

@@ -10,16 +10,21 @@ sums (``DCGM_CUSTOM_CONTAINER_*``).
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import pynvml
 
 from edge_agent.attribute import Attribution
+from edge_agent.degraded import Degraded
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.devices import GpuDevice
+from edge_agent.nvml.guard import GpuGuard, Job, Stalled
 from gpurelay.model import MIB, Family, Labels, SampleSink
 
 log = logging.getLogger(__name__)
@@ -76,33 +81,72 @@ PROCESS_FAMILIES = (
 @dataclass(slots=True)
 class _Proc:
     pid: int
-    mem_bytes: int
+    mem_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE (pynvml's None), not measured
     kind: str  # "C", "G" or "C+G"
     gpu_instance_id: int | None
 
 
 @dataclass(frozen=True, slots=True)
 class _Target:
-    """One handle whose processes we list: a whole GPU, or one MIG instance."""
+    """One place whose processes we list: a whole GPU, or one MIG GPU instance (all of its
+    compute instances' MIG devices)."""
 
     dev: GpuDevice
-    handle: Handle
+    handles: tuple[Handle, ...]
     key: str
     gpu_instance_id: str
+
+    @property
+    def handle(self) -> Handle:
+        return self.handles[0]
+
+    @property
+    def part(self) -> str:
+        return f" of GPU instance {self.gpu_instance_id}" if self.gpu_instance_id else ""
+
+
+_Read = tuple[list[_Proc] | None, dict[int, Any] | None]  # processes, their utilisation
+
+
+class _ListUnavailable(Exception):
+    """Neither the _v3 nor the _v2 process-list symbol exists in this driver's NVML."""
+
+
+# pynvml sizes a list, then fetches it; a process that starts in between makes the fetch
+# answer INSUFFICIENT_SIZE. DCGM retries that at once (up to 100 times for process
+# utilisation); a handful is plenty when nothing else is wrong.
+SIZE_RETRIES = 5
+_UNVERSIONED = {
+    "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+}
 
 
 class ProcessCollector:
     name = "process"
 
     def __init__(
-        self, lib: NvmlLib, devices: Sequence[GpuDevice], attributor: AttributorLike, *, node: str
+        self,
+        lib: NvmlLib,
+        devices: Sequence[GpuDevice],
+        attributor: AttributorLike,
+        *,
+        node: str,
+        degraded: Degraded | None = None,
+        guard: GpuGuard | None = None,
+        deadline_seconds: float = 5.0,
     ) -> None:
         self._lib = lib
+        self.guard = guard or GpuGuard()  # the device collector's: one thread per GPU
+        self.deadline_seconds = deadline_seconds
         self._attr = attributor
         self._node = node
         self._targets = list(self._iter_targets(devices))
         self._last_seen: dict[str, int] = {}
         self._util_supported: dict[str, bool] = {}
+        self._v2_only = False  # the driver lacks the _v3 process calls (NVML < 11.6)
+        self.degraded = degraded or Degraded()
+        self._lock = threading.Lock()
         self.errors: Counter[str] = Counter()
         self.families = PROCESS_FAMILIES
         # (namespace, pod, container) -> UUIDs of the GPUs its processes ran on in the last
@@ -114,65 +158,153 @@ class ProcessCollector:
         for dev in devices:
             if dev.mig:
                 for inst in dev.mig:
-                    yield _Target(dev, inst.handle, inst.uuid, str(inst.gpu_instance_id))
-            else:
-                yield _Target(dev, dev.handle, dev.uuid, "")
+                    handles = inst.handles or (inst.handle,)
+                    yield _Target(dev, handles, inst.uuid, str(inst.gpu_instance_id))
+            elif not dev.mig_enabled:
+                yield _Target(dev, (dev.handle,), dev.uuid, "")
+            # MIG on but no instance could be listed: processes live in the instances
 
     def collect(self, sink: SampleSink) -> None:
         for fam in self.families:
             sink.declare(fam)
-        containers: dict[tuple[Labels, str], list[float]] = {}
+        containers: dict[tuple[Labels, str], _Sums] = {}
         self.pod_gpus = {}
-        for target in self._targets:
+        deadline = time.monotonic() + self.deadline_seconds
+        jobs: list[tuple[_Target, Job[_Read] | Stalled]] = []
+        for target in self._targets:  # in the GPUs' threads, against a deadline
             try:
-                procs = self._processes(target.handle)
-            except pynvml.NVMLError as exc:
-                self.errors[type(exc).__name__] += 1
+                job: Job[_Read] | Stalled = self.guard.submit(
+                    target.dev.uuid, partial(self._read, target)
+                )
+            except Stalled as exc:
+                job = exc
+            jobs.append((target, job))
+        for target, job in jobs:
+            try:
+                if isinstance(job, Stalled):
+                    raise job
+                procs, utils = self.guard.result(job, deadline)
+            except Stalled as exc:
+                self.degraded.report(
+                    str(target.dev.index), "nvml_calls", f"{exc}; its processes are left out"
+                )
                 continue
-            utils = self._utilisation(target)
-            for proc in procs:
-                self._emit(target, proc, utils.get(proc.pid), sink, containers)
-        for (clabels, _), (mem, sm, count) in containers.items():
-            sink.add("DCGM_CUSTOM_CONTAINER_MEM_USED", clabels, mem)
-            if sm >= 0:
-                sink.add("DCGM_CUSTOM_CONTAINER_SM_UTIL", clabels, sm)
-            sink.add("DCGM_CUSTOM_CONTAINER_PROCESSES", clabels, count)
+            for proc in procs or ():
+                self._emit(target, proc, utils, sink, containers)
+        for (clabels, _), sums in containers.items():
+            if sums.mem is not None:
+                sink.add("DCGM_CUSTOM_CONTAINER_MEM_USED", clabels, sums.mem)
+            if sums.sm is not None:
+                sink.add("DCGM_CUSTOM_CONTAINER_SM_UTIL", clabels, sums.sm)
+            sink.add("DCGM_CUSTOM_CONTAINER_PROCESSES", clabels, sums.count)
 
-    def _processes(self, handle: Handle) -> list[_Proc]:
+    def _read(self, target: _Target) -> _Read:
+        procs = self._processes(target)
+        return procs, (None if procs is None else self._utilisation(target))
+
+    def _count(self, error: str) -> None:
+        with self._lock:
+            self.errors[error] += 1
+
+    def _list(self, kind: str, handle: Handle) -> list[Any]:
+        """One process list, on the symbols this driver has, retrying a sizing race."""
+        unversioned, v2 = _UNVERSIONED[kind]
+        for attempt in range(SIZE_RETRIES + 1):
+            try:
+                if not self._v2_only:
+                    try:
+                        return list(getattr(self._lib, unversioned)(handle))
+                    except pynvml.NVMLLibraryMismatchError:
+                        log.info(
+                            "the driver's NVML has no _v3 process calls (older than 11.6, "
+                            "R470-R495): using the _v2 ones"
+                        )
+                        self._v2_only = True
+                try:
+                    return list(getattr(self._lib, v2)(handle))
+                except pynvml.NVMLError_FunctionNotFound as exc:
+                    raise _ListUnavailable(
+                        "the driver's NVML has neither the _v3 nor the _v2 process calls"
+                    ) from exc
+            except pynvml.NVMLError_InsufficientSize:
+                if attempt == SIZE_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _processes(self, target: _Target) -> list[_Proc] | None:
+        """The processes of ``target`` (None: its compute processes could not be listed).
+
+        The graphics list is asked separately: a board or container that refuses it
+        (NOT_SUPPORTED, NO_PERMISSION) still has its compute processes reported."""
+        gpu = str(target.dev.index)
         merged: dict[int, _Proc] = {}
-        lists: tuple[tuple[str, list[Any]], ...] = (
-            ("C", self._lib.nvmlDeviceGetComputeRunningProcesses(handle)),
-            ("G", self._lib.nvmlDeviceGetGraphicsRunningProcesses(handle)),
-        )
-        for kind, items in lists:
+        for kind in ("C", "G"):
+            part = ("process_list" if kind == "C" else "graphics_process_list") + target.part
+            items: list[Any] = []
+            try:
+                for handle in target.handles:
+                    items += self._list(kind, handle)
+            except _ListUnavailable as exc:
+                self._count("FunctionNotFound")
+                self.degraded.report(gpu, part, str(exc))
+                if kind == "C":
+                    return None
+                continue
+            except pynvml.NVMLError as exc:
+                self._count(type(exc).__name__)
+                self.degraded.report(gpu, part, str(exc))
+                if kind == "C":
+                    return None
+                continue
+            self.degraded.clear(gpu, part)
             for p in items:
-                mem = int(p.usedGpuMemory or 0)
-                gi = getattr(p, "gpuInstanceId", None)
-                seen = merged.get(p.pid)
-                if seen is None:
-                    merged[p.pid] = _Proc(int(p.pid), mem, kind, gi)
-                else:
-                    seen.kind = "C+G"
-                    seen.mem_bytes = max(seen.mem_bytes, mem)
+                self._merge(merged, kind, p)
         return list(merged.values())
 
-    def _utilisation(self, target: _Target) -> dict[int, Any]:
-        """Newest utilisation sample per PID since the last pass; {} when none or unsupported."""
+    @staticmethod
+    def _merge(merged: dict[int, _Proc], kind: str, p: Any) -> None:
+        mem = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+        seen = merged.get(int(p.pid))
+        if seen is None:
+            gi = getattr(p, "gpuInstanceId", None)
+            merged[int(p.pid)] = _Proc(int(p.pid), mem, kind, gi)
+            return
+        if seen.kind not in (kind, "C+G"):
+            seen.kind = "C+G"
+        if mem is not None:  # one compute instance, or the other list, may know it
+            seen.mem_bytes = mem if seen.mem_bytes is None else max(seen.mem_bytes, mem)
+
+    def _utilisation(self, target: _Target) -> dict[int, Any] | None:
+        """Newest utilisation sample per PID since the last pass: {} when NVML has none
+        newer (every process idle), None when it was not measured (unsupported, or failed
+        this pass: then no utilisation series is published, never a 0)."""
+        gpu, part = str(target.dev.index), "process_utilization" + target.part
         if self._util_supported.get(target.key) is False:
-            return {}
+            return None
         since = self._last_seen.get(target.key, 0)
-        try:
-            samples = self._lib.nvmlDeviceGetProcessUtilization(target.handle, since)
-        except pynvml.NVMLError_NotFound:  # no sample newer than `since`: all idle
-            self._util_supported[target.key] = True
-            return {}
-        except pynvml.NVMLError_NotSupported:  # MIG instances, older boards
-            self._util_supported[target.key] = False
-            return {}
-        except pynvml.NVMLError as exc:
-            self.errors[type(exc).__name__] += 1
-            return {}
+        for attempt in range(SIZE_RETRIES + 1):
+            try:
+                samples = self._lib.nvmlDeviceGetProcessUtilization(target.handle, since)
+                break
+            except pynvml.NVMLError_InsufficientSize as exc:  # a process started meanwhile
+                if attempt < SIZE_RETRIES:
+                    continue
+                self._count(type(exc).__name__)
+                self.degraded.report(gpu, part, f"{exc} after {SIZE_RETRIES} retries")
+                return None
+            except pynvml.NVMLError_NotFound:  # no sample newer than `since`: all idle
+                self._util_supported[target.key] = True
+                self.degraded.clear(gpu, part)
+                return {}
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                self._util_supported[target.key] = False  # MIG instances, older boards
+                return None
+            except pynvml.NVMLError as exc:
+                self._count(type(exc).__name__)
+                self.degraded.report(gpu, part, str(exc))
+                return None
         self._util_supported[target.key] = True
+        self.degraded.clear(gpu, part)
         newest: dict[int, Any] = {}
         for s in samples:
             prev = newest.get(s.pid)
@@ -186,9 +318,9 @@ class ProcessCollector:
         self,
         target: _Target,
         proc: _Proc,
-        util: Any,
+        utils: dict[int, Any] | None,
         sink: SampleSink,
-        containers: dict[tuple[Labels, str], list[float]],
+        containers: dict[tuple[Labels, str], _Sums],
     ) -> None:
         a = self._attr.attribute(proc.pid)
         dev = target.dev
@@ -209,10 +341,12 @@ class ProcessCollector:
             ("ProcessName", a.process_name),
             ("ProcessType", proc.kind),
         )
-        mem_mib = proc.mem_bytes / MIB
-        sink.add("DCGM_CUSTOM_PROCESS_MEM_USED", labels, mem_mib)
-        sm = -1.0
-        if self._util_supported.get(target.key):
+        mem_mib = None if proc.mem_bytes is None else proc.mem_bytes / MIB
+        if mem_mib is not None:
+            sink.add("DCGM_CUSTOM_PROCESS_MEM_USED", labels, mem_mib)
+        sm: float | None = None
+        if utils is not None:  # measured: a process without a newer sample was idle
+            util = utils.get(proc.pid)
             sm = float(util.smUtil) if util is not None else 0.0
             sink.add("DCGM_CUSTOM_PROCESS_SM_UTIL", labels, sm)
             sink.add(
@@ -235,8 +369,22 @@ class ProcessCollector:
             self.pod_gpus.setdefault(key, set()).add(dev.uuid)
         if not a.container_id:
             return  # host process: no container to sum into
-        acc = containers.setdefault((owner, a.container_id), [0.0, -1.0, 0.0])
-        acc[0] += mem_mib
-        if sm >= 0:
-            acc[1] = sm if acc[1] < 0 else acc[1] + sm
-        acc[2] += 1
+        sums = containers.get((owner, a.container_id))
+        if sums is None:
+            sums = containers[(owner, a.container_id)] = _Sums(0.0, 0.0 if sm is not None else None)
+        sums.add(mem_mib, sm)
+
+
+@dataclass(slots=True)
+class _Sums:
+    """A container's sums on one GPU; None once one of its processes was not measured (a
+    sum missing a part is not published)."""
+
+    mem: float | None
+    sm: float | None
+    count: int = 0
+
+    def add(self, mem_mib: float | None, sm: float | None) -> None:
+        self.count += 1
+        self.mem = None if self.mem is None or mem_mib is None else self.mem + mem_mib
+        self.sm = None if self.sm is None or sm is None else self.sm + sm

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
+from edge_agent.nvml.profiles import PROFILES
 from edge_agent.proxy_connect import proxy_route
 from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
@@ -28,9 +29,17 @@ _ENV_RESERVED = frozenset({"EDGE_AGENT_CONFIG"})
 
 @dataclass(frozen=True, kw_only=True)
 class SimulateConfig:
-    gpus: int = 0
+    gpus: int = 0  # 0 with a profile: the profile's count
     seed: int = 0
     mig: bool = False
+    # A machine profile (edge_agent.nvml.profiles: h100-sxm, h100-mig, a100-mig, rtx-4090,
+    # r470, h100-nocaps): what real NVML answers there, failures included.
+    profile: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.gpus > 0 or bool(self.profile)
+
     processes_per_gpu: int = 4
     # Write a fake /proc and kubelet log tree for the simulated processes, so that
     # attribution to pods and containers runs for real (see edge_agent.simhost).
@@ -201,6 +210,10 @@ class AgentConfig:
     listen: str = "127.0.0.1:9400"
     interval_seconds: float = 10.0
     process_interval_seconds: float = 10.0
+    # How long one cycle waits for a GPU's NVML calls (at most interval_seconds): a GPU
+    # whose call hangs is left out (gpurelay_agent_degraded{part="nvml_calls"}), the others
+    # are published, and the liveness probe does not see a stuck agent.
+    nvml_deadline_seconds: float = 5.0
     counters_file: Path | None = None
     log_level: str = "info"
     log_format: str = "text"  # or "json": one JSON object per line (gpurelay.logs)
@@ -297,8 +310,15 @@ def _validate(cfg: AgentConfig) -> None:
     cfg.web_config()  # a bad file is an error at load, not at the first scrape
     if cfg.interval_seconds <= 0 or cfg.process_interval_seconds <= 0:
         raise ConfigError("interval_seconds and process_interval_seconds must be > 0")
+    if cfg.nvml_deadline_seconds <= 0:
+        raise ConfigError("nvml_deadline_seconds must be > 0")
     if cfg.simulate.gpus < 0 or cfg.simulate.gpus > 64:
         raise ConfigError("simulate.gpus must be between 0 and 64")
+    if cfg.simulate.profile and cfg.simulate.profile not in PROFILES:
+        raise ConfigError(
+            f"simulate.profile {cfg.simulate.profile!r} is not a machine profile "
+            f"(known: {', '.join(sorted(PROFILES))})"
+        )
     _validate_pod_resources(cfg)
     if cfg.node_label not in NODE_LABEL_NAMES:
         raise ConfigError(

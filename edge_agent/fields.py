@@ -32,8 +32,16 @@ class NoValueYet(Exception):
 class Carryover:
     """What one GPU or GPU instance keeps from one cycle to the next."""
 
-    gpm: GpmStream | None = None  # None: no NVML GPM here
+    gpm: GpmStream | None = None  # None: no NVML GPM here (or no longer: gpm_lost says why)
     totals: dict[str, tuple[float, float]] = field(default_factory=dict)  # (total, seconds)
+    gpm_lost: str = ""  # why sampling was given up (NO_PERMISSION, ...), for the report
+
+    def give_up_gpm(self, reason: str) -> None:
+        """Sampling fails for good here: free the samples, read what has another source
+        from it (PCIe throughput), leave the rest out."""
+        if self.gpm is not None:
+            self.gpm.close()
+        self.gpm, self.gpm_lost = None, reason
 
     def rate(self, name: str, total: float, seconds: float) -> float:
         """Per second since the previous reading of the cumulative ``total``."""
@@ -78,6 +86,9 @@ class Probe:
                 hit = stream.advance()
             except pynvml.NVMLError as exc:
                 hit = exc
+                reason = stream.gave_up()
+                if reason is not None and self.carry is not None:
+                    self.carry.give_up_gpm(reason)
             self._memo[("gpm",)] = hit
         if isinstance(hit, pynvml.NVMLError):
             raise hit
@@ -104,15 +115,18 @@ class Probe:
             raise hit
         return hit
 
-    def memory(self) -> tuple[int, int, int, int]:
-        """(total, reserved, free, used) in bytes; v2 when the driver has it."""
+    def memory(self) -> tuple[int, int | None, int, int]:
+        """(total, reserved, free, used) in bytes; v2 when the driver has it.
+
+        Before R510 only v1 exists, whose ``used`` includes the reserved memory and which
+        cannot tell it: reserved is then None (DCGM reports FB_RESERVED unsupported there),
+        and used is v1's, as nvidia-smi showed it on those drivers."""
         try:
             m = self.call("nvmlDeviceGetMemoryInfo", pynvml.nvmlMemory_v2)
             return int(m.total), int(m.reserved), int(m.free), int(m.used)
         except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch):
             m = self.call("nvmlDeviceGetMemoryInfo")
-            total, free, used = int(m.total), int(m.free), int(m.used)
-            return total, max(total - free - used, 0), free, used
+            return int(m.total), None, int(m.free), int(m.used)
 
 
 Reader = Callable[[Probe], float]
@@ -135,7 +149,12 @@ def _gpm(
     def read(p: Probe) -> float:
         if other is not None and not p.has_gpm:
             return other(p)
-        return p.gpm(metric) * scale
+        try:
+            return p.gpm(metric) * scale
+        except pynvml.NVMLError:
+            if other is not None and not p.has_gpm:  # sampling was just given up
+                return other(p)
+            raise
 
     return FieldSource(read, mig=mig, gpm=metric, gpm_only=other is None)
 
@@ -201,6 +220,13 @@ def _ecc(error_type: int, counter: int) -> Reader:
 
 def _retired(cause: int) -> Reader:
     return lambda p: float(len(p.call("nvmlDeviceGetRetiredPages", cause)))
+
+
+def _reserved(probe: Probe) -> float:
+    reserved = probe.memory()[1]
+    if reserved is None:  # memory info v1 only (before R510)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return float(reserved // MIB)
 
 
 def _xid(probe: Probe) -> float:
@@ -297,7 +323,7 @@ SOURCES: dict[str, FieldSource] = {
     ),
     "DCGM_FI_DEV_FB_FREE": FieldSource(lambda p: p.memory()[2] // MIB, mig=True),
     "DCGM_FI_DEV_FB_USED": FieldSource(lambda p: p.memory()[3] // MIB, mig=True),
-    "DCGM_FI_DEV_FB_RESERVED": FieldSource(lambda p: p.memory()[1] // MIB, mig=True),
+    "DCGM_FI_DEV_FB_RESERVED": FieldSource(_reserved, mig=True),
     "DCGM_FI_DEV_FB_TOTAL": FieldSource(lambda p: p.memory()[0] // MIB, mig=True),
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": FieldSource(_ecc(_C, pynvml.NVML_VOLATILE_ECC)),
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": FieldSource(_ecc(_U, pynvml.NVML_VOLATILE_ECC)),

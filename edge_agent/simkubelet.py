@@ -35,15 +35,17 @@ GIB = 1 << 30
 _SUN_PATH_MAX = 100  # a Unix socket path must fit in sockaddr_un (108 bytes with the NUL)
 
 
-def _pids_on(lib: NvmlLib, handle: Handle) -> dict[int, int]:
-    """pid -> used memory (bytes) of the processes on ``handle``."""
+def _pids_on(lib: NvmlLib, handles: tuple[Handle, ...]) -> dict[int, int]:
+    """pid -> used memory (bytes) of the processes on ``handles`` (a GPU, or the compute
+    instances of one GPU instance); the _v2 calls, which every driver since R450 has."""
     found: dict[int, int] = {}
-    for listing in (
-        lib.nvmlDeviceGetComputeRunningProcesses(handle),
-        lib.nvmlDeviceGetGraphicsRunningProcesses(handle),
-    ):
-        for p in listing:
-            found[int(p.pid)] = max(found.get(int(p.pid), 0), int(p.usedGpuMemory or 0))
+    for handle in handles:
+        for listing in (
+            lib.nvmlDeviceGetComputeRunningProcesses_v2(handle),
+            lib.nvmlDeviceGetGraphicsRunningProcesses_v2(handle),
+        ):
+            for p in listing:
+                found[int(p.pid)] = max(found.get(int(p.pid), 0), int(p.usedGpuMemory or 0))
     return found
 
 
@@ -52,12 +54,12 @@ def rows(host: FakeHost, lib: NvmlLib, mode: str) -> list[ContainerDevices]:
     devices, _problems = enumerate_gpus(lib)
     out: list[ContainerDevices] = []
     for dev in devices:
-        places: list[tuple[MigInstance | None, Handle]] = [(None, dev.handle)]
+        places: list[tuple[MigInstance | None, tuple[Handle, ...]]] = [(None, (dev.handle,))]
         if dev.mig:
-            places = [(m, m.handle) for m in dev.mig]
+            places = [(m, m.handles or (m.handle,)) for m in dev.mig]
         next_unit = 0
-        for mig, handle in places:
-            running = _pids_on(lib, handle)
+        for mig, handles in places:
+            running = _pids_on(lib, handles)
             owners = [(host.pods[p], used) for p, used in sorted(running.items()) if p in host.pods]
             for n, (owner, used) in enumerate(owners):
                 resource, ids = _allocation(

@@ -49,7 +49,10 @@ def make_pipeline(
     clock: FakeClock | None = None,
     cfg: AgentConfig | None = None,
     timer: Callable[[], float] | None = None,
+    profile: str | None = None,
 ) -> tuple[Pipeline, SimulatedNvml, FakeClock]:
+    """An agent pipeline over ``gpus`` simulated GPUs of machine ``profile`` (see
+    edge_agent.nvml.profiles; None: H100s, GPU 0 in MIG mode with ``mig``)."""
     clock = clock or FakeClock()
     base = cfg or load(None, {})
     pids = simhost.default_pids(gpus * processes_per_gpu, seed)
@@ -60,7 +63,13 @@ def make_pipeline(
         attribution=simhost.attribution_config(host, base.attribution),
     )
     sim = SimulatedNvml(
-        gpus, seed=seed, mig=mig, clock=clock, pids=pids, processes_per_gpu=processes_per_gpu
+        gpus,
+        seed=seed,
+        mig=mig,
+        clock=clock,
+        pids=pids,
+        processes_per_gpu=processes_per_gpu,
+        profile=profile,
     )
     sim.nvmlInit()
     cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)  # [simulate] pod_resources

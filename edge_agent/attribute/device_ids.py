@@ -54,7 +54,9 @@ class DeviceIndex:
         self._by_uuid = {d.uuid: d for d in devices}
         self._by_index = {str(d.index): d for d in devices}
         self._by_minor = {d.minor: d for d in devices}
-        self._mig = {m.uuid: Target(d, m) for d in devices for m in d.mig}
+        self._mig = {
+            uuid: Target(d, m) for d in devices for m in d.mig for uuid in (m.uuids or (m.uuid,))
+        }
 
     def _instance(self, gpu: GpuDevice | None, gi: int) -> Target | None:
         if gpu is None:

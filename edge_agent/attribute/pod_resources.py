@@ -22,6 +22,7 @@ The device series of an allocated GPU or MIG instance get dcgm-exporter's labels
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -129,6 +130,7 @@ class PodDevices:
         self._told_absent = False
         self._logged: set[str] = set()
         self._unknown_logged: set[str] = set()
+        self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -139,15 +141,18 @@ class PodDevices:
         """The newest good answer (refreshed when older than the TTL), None before any."""
         if self.socket is None:
             return None
-        now = self._clock()
-        if self._fetched_at is None or now - self._fetched_at >= self._ttl:
-            self._fetched_at = now
-            try:
-                self._refresh(self.socket)
-            except Exception as exc:  # never fail a collection over pod labels
-                self._fail("unexpected", f"pod-resources: unexpected {type(exc).__name__}: {exc}")
-                log.debug("pod-resources refresh failed", exc_info=True)
-        return self._answer
+        with self._lock:  # the GPUs are read in threads of their own: one refresh for all
+            now = self._clock()
+            if self._fetched_at is None or now - self._fetched_at >= self._ttl:
+                self._fetched_at = now
+                try:
+                    self._refresh(self.socket)
+                except Exception as exc:  # never fail a collection over pod labels
+                    self._fail(
+                        "unexpected", f"pod-resources: unexpected {type(exc).__name__}: {exc}"
+                    )
+                    log.debug("pod-resources refresh failed", exc_info=True)
+            return self._answer
 
     def device_labels(self, uuid: str, gpu_instance_id: int | None = None) -> Labels:
         """``pod``, ``namespace``, ``container`` of the GPU (or MIG instance), or ()."""

@@ -34,6 +34,18 @@ log = logging.getLogger(__name__)
 # A metric's value, or the error NVML reported for that metric alone.
 GpmValue: TypeAlias = float | pynvml.NVMLError
 GPM_NEEDS = "NVML GPM (profiling counters in NVML; Hopper or newer, driver R520 or newer)"
+GIVE_UP_AFTER = 5  # sampling failures in a row (of another kind than _FOR_GOOD)
+_FOR_GOOD = frozenset(
+    {
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    }
+)
+_HINTS = {
+    pynvml.NVML_ERROR_NO_PERMISSION: " (profiling counters need CAP_SYS_ADMIN, or the driver "
+    "option NVreg_RestrictProfilingToAdminUsers=0)",
+}
 
 
 def unsupported_reason(lib: NvmlLib, handle: Handle) -> str | None:
@@ -68,6 +80,7 @@ class GpmStream:
             raise ValueError(f"at most {pynvml.NVML_GPM_METRIC_MAX} GPM metrics per call")
         self._previous: Any = None  # the last sample taken
         self._spare: Any = None  # the buffer the next sample goes into
+        self._failures: list[pynvml.NVMLError] = []  # since the last good sample
 
     def advance(self) -> Mapping[int, GpmValue] | None:
         """Take a sample; return the metrics since the previous one (None the first time).
@@ -75,17 +88,37 @@ class GpmStream:
         A failed sample raises and leaves the previous sample in place, so the next
         interval's metrics span both intervals instead of being lost.
         """
-        if self._spare is None:
-            self._spare = self._lib.nvmlGpmSampleAlloc()
-        sample = self._spare
-        if self._gpu_instance_id is None:
-            self._lib.nvmlGpmSampleGet(self._device, sample)
-        else:
-            self._lib.nvmlGpmMigSampleGet(self._device, self._gpu_instance_id, sample)
+        try:
+            if self._spare is None:
+                self._spare = self._lib.nvmlGpmSampleAlloc()
+            sample = self._spare
+            if self._gpu_instance_id is None:
+                self._lib.nvmlGpmSampleGet(self._device, sample)
+            else:
+                self._lib.nvmlGpmMigSampleGet(self._device, self._gpu_instance_id, sample)
+        except pynvml.NVMLError as exc:
+            self._failures.append(exc)
+            raise
+        self._failures.clear()
         previous, self._previous, self._spare = self._previous, sample, self._previous
         if previous is None:
             return None
         return self._between(previous, sample)
+
+    def gave_up(self) -> str | None:
+        """Why sampling should stop for good, or None while it may still recover: at once
+        for an answer that will not change (no permission: profiling counters need
+        CAP_SYS_ADMIN or NVreg_RestrictProfilingToAdminUsers=0; not supported; a driver
+        without the call), else after GIVE_UP_AFTER failures in a row."""
+        if not self._failures:
+            return None
+        last = self._failures[-1]
+        if last.value in _FOR_GOOD:
+            hint = _HINTS.get(last.value, "")
+            return f"GPM sampling failed: {last}{hint}"
+        if len(self._failures) >= GIVE_UP_AFTER:
+            return f"GPM sampling failed {len(self._failures)} times in a row, last: {last}"
+        return None
 
     def _between(self, first: Any, second: Any) -> dict[int, GpmValue]:
         get = pynvml.c_nvmlGpmMetricsGet_t()

@@ -17,6 +17,7 @@ Thread-safe.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import math
@@ -31,6 +32,13 @@ from typing import Any, NoReturn
 import pynvml
 
 from edge_agent.nvml.backend import Handle, NvmlLib
+from edge_agent.nvml.profiles import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    GpuInstanceLayout,
+    MachineProfile,
+    profile_named,
+)
 from edge_agent.nvml.simulator_gpm import GpmSimulation, nvlink_field, profile_for
 from gpurelay.model import MIB
 
@@ -46,7 +54,6 @@ _POWER_CAP_W = 580.0
 _SM_CLOCK_MHZ = {"idle": 345, "capped": 1755, "boost": 1980}
 _MEM_CLOCK_MHZ = 2619
 _MAX_MIG_DEVICES = 7
-_MIG_LAYOUT = (("3g.40gb", 1, 40_448), ("2g.20gb", 5, 20_096), ("1g.10gb", 13, 9_856))  # MiB
 _PCI_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)  # a DGX H100's
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError
@@ -63,11 +70,15 @@ _MIG_DEVICE_CALLS = frozenset(
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
         "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
         "nvmlGpmSampleGet",  # a compute instance's counters (DCGM samples them so)
     }
 )
 _API = frozenset(name for name in dir(NvmlLib) if name.startswith("nvml"))
+_HANG = math.inf  # a delay that lasts until the fault is cleared
 
 
 def _fail(code: int) -> NoReturn:
@@ -101,6 +112,7 @@ class _Process:
     compute: bool
     graphics: bool
     weight: float  # its share of the device's utilisation
+    compute_instance_id: int = _NOT_APPLICABLE
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class _Slot:
     memory_cap: int
     gpu_instance_id: int
     pid: int | None
+    compute_instance_id: int = _NOT_APPLICABLE
 
     def process_at(self, seed: int, gpu: int, t: float) -> _Process | None:
         generation = 0 if self.pid is not None else math.floor((t + self.offset) / self.lifetime)
@@ -127,32 +140,82 @@ class _Slot:
         memory = (low_mib + int(_unit(*key, "mem") * (cap_mib - low_mib + 1))) * MIB
         kind = _unit(*key, "kind")  # 10% graphics only, 10% both, 80% compute only
         weight = 0.2 + _unit(*key, "weight")
-        return _Process(pid, memory, self.gpu_instance_id, kind >= 0.1, kind < 0.2, weight)
+        return _Process(
+            pid,
+            memory,
+            self.gpu_instance_id,
+            kind >= 0.1,
+            kind < 0.2,
+            weight,
+            self.compute_instance_id,
+        )
 
 
-class _MigDevice:
-    """A GPU instance of a GPU in MIG mode."""
+class _GpuInstance:
+    """A GPU instance of a GPU in MIG mode: a share of its memory and GPM counters."""
 
-    def __init__(self, owner: _Gpu, profile: str, gpu_instance_id: int, memory_mib: int) -> None:
+    def __init__(self, owner: _Gpu, layout: GpuInstanceLayout) -> None:
+        profile, gpu_instance_id, memory_mib, compute = layout
         self.owner, self.profile, self.gpu_instance_id = owner, profile, gpu_instance_id
         self.total_memory, self.reserved_memory = memory_mib * MIB, 0
-        self.uuid = _uuid("MIG", owner.seed, owner.index, gpu_instance_id)
-        self.target = pynvml.struct_c_nvmlDevice_t()
+        self.compute = [_MigDevice(self, n, profile) for n, profile in enumerate(compute)]
 
     def processes(self, t: float) -> list[_Process]:
         return [p for p in self.owner.processes(t) if p.gpu_instance_id == self.gpu_instance_id]
 
 
+class _MigDevice:
+    """A MIG device: one compute instance of a GPU instance, with a handle and UUID of its
+    own. Memory and GPM counters are its GPU instance's; processes are its own."""
+
+    def __init__(self, instance: _GpuInstance, compute_instance_id: int, profile: str) -> None:
+        owner = instance.owner
+        self.owner, self.instance, self.profile = owner, instance, profile
+        self.gpu_instance_id = instance.gpu_instance_id
+        self.compute_instance_id = compute_instance_id
+        key: tuple[object, ...] = (owner.seed, owner.index, instance.gpu_instance_id)
+        n = compute_instance_id
+        self.uuid = _uuid("MIG", *key) if n == 0 else _uuid("MIG", *key, n)
+        self.target = pynvml.struct_c_nvmlDevice_t()
+
+    @property
+    def total_memory(self) -> int:
+        return self.instance.total_memory
+
+    @property
+    def reserved_memory(self) -> int:
+        return self.instance.reserved_memory
+
+    def memory_processes(self, t: float) -> list[_Process]:
+        """What its memory holds: every process of its GPU instance."""
+        return self.instance.processes(t)
+
+    def processes(self, t: float) -> list[_Process]:
+        return [
+            p
+            for p in self.instance.processes(t)
+            if p.compute_instance_id == self.compute_instance_id
+        ]
+
+
 class _Gpu:
     """One physical GPU: identity fixed at construction, metrics a function of time."""
 
-    total_memory, reserved_memory = _TOTAL_MEMORY, _RESERVED_MEMORY
-
     def __init__(
-        self, index: int, *, seed: int, t0: float, mig: bool, pids: Sequence[int] | None, slots: int
+        self,
+        index: int,
+        *,
+        seed: int,
+        t0: float,
+        layout: Sequence[GpuInstanceLayout],
+        pids: Sequence[int] | None,
+        slots: int,
+        memory: tuple[int, int] = (_TOTAL_MEMORY, _RESERVED_MEMORY),
     ) -> None:
         rng = random.Random(f"{seed}:{index}")
         self.index, self.seed, self.t0, self.owner = index, seed, t0, self
+        self.total_memory, self.reserved_memory = memory
+        self.memory_unavailable = False  # usedGpuMemory is NVML's "not available" sentinel
         self.uuid = _uuid("GPU", seed, index)
         self.domain, self.bus = index // len(_PCI_BUSES), _PCI_BUSES[index % len(_PCI_BUSES)]
         self.target = pynvml.struct_c_nvmlDevice_t()
@@ -167,26 +230,32 @@ class _Gpu:
         self.replay_interval = rng.uniform(600.0, 7200.0)
         self.power_violation = rng.uniform(0.0, 0.03)  # fraction of time
         self.thermal_violation = rng.uniform(0.0, 0.002)
-        layout = _MIG_LAYOUT if mig else ()
-        self.mig_devices = [_MigDevice(self, *instance) for instance in layout]
+        self.mig_devices = [_GpuInstance(self, instance) for instance in layout]
+        self.mig_handles = [ci for gi in self.mig_devices for ci in gi.compute]
         self.slots = self._make_slots(rng, pids, slots)
         self._processes_memo: tuple[float, list[_Process]] | None = None
 
     def _make_slots(self, rng: random.Random, pids: Sequence[int] | None, n: int) -> list[_Slot]:
         """Spread the slots over the MIG instances (if any), capping their memory to fit."""
         n = n if pids is None else len(pids)
-        places = [(_NOT_APPLICABLE, _TOTAL_MEMORY - _RESERVED_MEMORY)]
+        places = [(_NOT_APPLICABLE, _NOT_APPLICABLE, self.total_memory - self.reserved_memory)]
         if self.mig_devices:
-            places = [(m.gpu_instance_id, m.total_memory) for m in self.mig_devices]
+            places = [
+                (ci.gpu_instance_id, ci.compute_instance_id, ci.total_memory)
+                for ci in self.mig_handles
+            ]
         slots = []
         for number in range(n):
-            gpu_instance_id, memory = places[number % len(places)]
-            sharing = len(range(number % len(places), n, len(places)))
+            gpu_instance_id, compute_instance_id, memory = places[number % len(places)]
+            # the slots of every compute instance of this GPU instance share its memory
+            sharing = sum(1 for k in range(n) if places[k % len(places)][0] == gpu_instance_id)
             cap = min(_MAX_PROCESS_MEMORY, memory // sharing) // MIB * MIB
             lifetime = rng.uniform(60.0, 300.0)
             pid = None if pids is None else pids[number]
             offset = rng.uniform(0, lifetime)
-            slots.append(_Slot(number, lifetime, offset, cap, gpu_instance_id, pid))
+            slots.append(
+                _Slot(number, lifetime, offset, cap, gpu_instance_id, pid, compute_instance_id)
+            )
         return slots
 
     def noise(self, name: str, t: float) -> float:
@@ -261,14 +330,20 @@ class _Gpu:
 _Device = _Gpu | _MigDevice
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Fault:
-    code: int
+    code: int  # an NVML return code; 0 with a delay: only slow
     gpu: int | None
     function: str | None
+    remaining: int | None = None  # calls it still fails (None: every call from now on)
+    delay: float = 0.0  # seconds the call takes first (math.inf: until cleared)
 
     def matches(self, gpu: int | None, function: str) -> bool:
-        return self.gpu in (None, gpu) and self.function in (None, function)
+        return (
+            self.gpu in (None, gpu)
+            and self.function in (None, function)
+            and (self.remaining is None or self.remaining > 0)
+        )
 
 
 @dataclass
@@ -280,13 +355,19 @@ class _EventSet:
 
 
 class SimulatedNvml:
-    """Simulated H100 GPUs behind the functions, structs and errors of ``pynvml``."""
+    """Simulated GPUs behind the functions, structs and errors of ``pynvml``.
+
+    ``profile`` names the machine (:mod:`edge_agent.nvml.profiles`): model, driver, the
+    symbols its library lacks, the calls its board or privileges refuse, the MIG layout.
+    Without one, the machine is ``h100-sxm`` with ``model``, ``driver_version`` and, with
+    ``mig``, GPU 0 in MIG mode (one compute instance per GPU instance).
+    """
 
     backend_name = "simulated"
 
     def __init__(
         self,
-        gpu_count: int,
+        gpu_count: int | None = None,
         *,
         seed: int = 0,
         mig: bool = False,
@@ -296,51 +377,113 @@ class SimulatedNvml:
         driver_loaded: bool = True,
         driver_version: str = "550.54.15",
         model: str = "NVIDIA H100 80GB HBM3",
+        profile: str | MachineProfile | None = None,
     ) -> None:
+        if profile is None:
+            machine = dataclasses.replace(
+                PROFILES[DEFAULT_PROFILE],
+                model=model,
+                driver_version=driver_version,
+                mig_gpus=(0,) if mig else (),
+            )
+        else:
+            machine = profile_named(profile) if isinstance(profile, str) else profile
+            if mig and not machine.mig_gpus:
+                machine = dataclasses.replace(machine, mig_gpus=(0,))
+        gpu_count = machine.gpus if gpu_count is None else gpu_count
         if gpu_count < 0 or processes_per_gpu < 0:
             raise ValueError("gpu_count and processes_per_gpu must not be negative")
         if pids and gpu_count == 0:
             raise ValueError("pids need at least one GPU")
+        self.profile = machine
         self._clock = clock
         self._driver_loaded = driver_loaded
-        self._driver_version = driver_version
-        self._model = model
-        self._gpm = GpmSimulation(profile_for(model))  # and NVLink: what the model has
+        self._driver_version = machine.driver_version
+        self._model = machine.model
+        self._missing = machine.missing
+        self._gpm = GpmSimulation(profile_for(machine.model))  # and NVLink: what it has
         t0 = clock()
         pids_of = [None if pids is None else pids[i::gpu_count] for i in range(gpu_count)]
         self._gpus = [
-            _Gpu(i, seed=seed, t0=t0, mig=mig and i == 0, pids=pids_of[i], slots=processes_per_gpu)
+            _Gpu(
+                i,
+                seed=seed,
+                t0=t0,
+                layout=machine.mig_layout if i in machine.mig_gpus else (),
+                pids=pids_of[i],
+                slots=processes_per_gpu,
+                memory=(machine.total_memory, machine.reserved_memory),
+            )
             for i in range(gpu_count)
         ]
-        mig_devices = [m for gpu in self._gpus for m in gpu.mig_devices]
+        for gpu in self._gpus:
+            gpu.memory_unavailable = machine.process_memory_unavailable
+        mig_devices = [m for gpu in self._gpus for m in gpu.mig_handles]
         devices: list[_Device] = [*self._gpus, *mig_devices]
         self._devices = {ctypes.addressof(d.target): d for d in devices}
         self._cond = threading.Condition()  # guards the state below
         self._init_count = 0
-        self._faults: list[_Fault] = []
+        self._faults: list[_Fault] = [
+            _Fault(code, None, function) for function, code in machine.errors.items()
+        ]
+        self._permanent = len(self._faults)  # the machine's own, kept by clear_faults
         self._event_sets: dict[int, _EventSet] = {}
 
     # --- fault injection (not part of NvmlLib) -----------------------------------------------
 
     def inject_fault(
-        self, code: int, *, gpu: int | None = None, function: str | None = None
+        self,
+        code: int,
+        *,
+        gpu: int | None = None,
+        function: str | None = None,
+        times: int | None = None,
     ) -> None:
-        """From now on, calls for ``gpu`` (None: any) to ``function`` (None: any) raise ``code``.
+        """Calls for ``gpu`` (None: any) to ``function`` (None: any) raise ``code``: the next
+        ``times`` calls, or every call from now on (None).
 
         ``nvmlDeviceGetFieldValues`` reports the fault in each entry's ``nvmlReturn`` instead,
-        as NVML does, unless ``code`` is ``NVML_ERROR_GPU_IS_LOST``.
+        as NVML does, unless ``code`` is ``NVML_ERROR_GPU_IS_LOST``. ``times=1`` with
+        ``NVML_ERROR_INSUFFICIENT_SIZE`` on a list call plays the race pynvml loses when a
+        process starts between its sizing call and its fetch.
         """
         pynvml.nvmlExceptionClass(code)  # ValueError for an unknown code
-        if gpu is not None:
-            self._gpu_at(gpu)
-        if function is not None and function not in _API:
-            raise ValueError(f"{function} is not an NvmlLib function")
+        self._add_fault(_Fault(code, gpu, function, times))
+
+    def inject_delay(
+        self,
+        seconds: float,
+        *,
+        gpu: int | None = None,
+        function: str | None = None,
+        times: int | None = None,
+    ) -> None:
+        """Calls for ``gpu`` to ``function`` take ``seconds`` of wall time first (a busy or
+        wedged driver); ``math.inf`` hangs them until :meth:`clear_faults`."""
+        if seconds < 0:
+            raise ValueError("a delay cannot be negative")
+        self._add_fault(_Fault(pynvml.NVML_SUCCESS, gpu, function, times, delay=seconds))
+
+    def inject_memory_unavailable(self, gpu: int) -> None:
+        """Processes on ``gpu`` report NVML_VALUE_NOT_AVAILABLE as their memory (pynvml
+        gives None), as under WDDM or for some vGPU guests."""
+        self._gpu_at(gpu).memory_unavailable = True
+
+    def _add_fault(self, fault: _Fault) -> None:
+        if fault.gpu is not None:
+            self._gpu_at(fault.gpu)
+        if fault.function is not None and fault.function not in _API:
+            raise ValueError(f"{fault.function} is not an NvmlLib function")
+        if fault.remaining is not None and fault.remaining < 1:
+            raise ValueError("times must be at least 1")
         with self._cond:
-            self._faults.append(_Fault(code, gpu, function))
+            self._faults.append(fault)
 
     def clear_faults(self) -> None:
+        """Forget injected faults (the machine profile's own stay); wake hung calls."""
         with self._cond:
-            self._faults.clear()
+            del self._faults[self._permanent :]
+            self._cond.notify_all()
 
     def inject_xid(self, gpu: int, xid: int) -> None:
         """Queue an XID event for every event set that has registered ``gpu`` for XIDs."""
@@ -362,13 +505,41 @@ class SimulatedNvml:
     # --- plumbing: initialisation, handles, faults -------------------------------------------
 
     def _fault(self, function: str, gpu: int | None) -> int | None:
-        """The first injected fault matching this call; raises if NVML is not initialised."""
+        """The first fault matching this call (a symbol the driver lacks, the machine's own,
+        then injected ones); raises if NVML is not initialised; sleeps an injected delay."""
+        if function in self._missing:
+            return int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if self._init_count and not self._faults:  # the common case, without the lock
             return None
+        delay = 0.0
         with self._cond:
             if self._init_count == 0:
                 _fail(pynvml.NVML_ERROR_UNINITIALIZED)
-            return next((f.code for f in self._faults if f.matches(gpu, function)), None)
+            code = None
+            for fault in self._faults:
+                if not fault.matches(gpu, function):
+                    continue
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                if fault.delay:
+                    delay = max(delay, fault.delay)
+                    continue
+                code = fault.code
+                break
+            if delay:
+                self._sleep(delay)
+        return code
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of wall time (for ever with math.inf) or until faults are cleared;
+        called with the condition held, which the wait releases."""
+        deadline = time.monotonic() + seconds if seconds != _HANG else math.inf
+        faults = len(self._faults)
+        while len(self._faults) >= faults:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(None if remaining == math.inf else remaining)
 
     def _check(self, function: str, gpu: int | None = None) -> None:
         code = self._fault(function, gpu)
@@ -482,11 +653,15 @@ class SimulatedNvml:
         return [gpu.codec_utilization(t, gpu.processes(t), 4.0), _SAMPLING_PERIOD_US]
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Any:
+        if version and "nvmlDeviceGetMemoryInfo_v2" in self._missing:  # before R510
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         device = self._device(handle, "nvmlDeviceGetMemoryInfo")
         if version and version != pynvml.nvmlMemory_v2:
             _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         total, reserved = device.total_memory, device.reserved_memory
-        used = sum(p.used_memory for p in device.processes(self._clock()))
+        t = self._clock()
+        held = device.memory_processes(t) if isinstance(device, _MigDevice) else device.processes(t)
+        used = sum(p.used_memory for p in held)
         free = total - reserved - used
         if not version:  # version 1 counts reserved memory as used
             return pynvml.c_nvmlMemory_t(total=total, free=free, used=reserved + used)
@@ -515,7 +690,9 @@ class SimulatedNvml:
             entry.timestamp, entry.latencyUsec = int(t * 1e6), 0
             if fault is not None:
                 entry.nvmlReturn = fault
-            elif not isinstance(device, _Gpu):
+            elif (
+                not isinstance(device, _Gpu) or entry.fieldId in self.profile.unsupported_field_ids
+            ):
                 entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
             elif entry.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP:
                 entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
@@ -589,6 +766,11 @@ class SimulatedNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
         return gpu.clock_reasons(self._clock())
 
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Handle) -> int:
+        """The same bits under their pre-R535 name (deprecated, still exported since)."""
+        gpu = self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        return gpu.clock_reasons(self._clock())
+
     def nvmlDeviceGetViolationStatus(self, device: Handle, perfPolicyType: int) -> Any:
         gpu = self._gpu(device, "nvmlDeviceGetViolationStatus")
         if not 0 <= perfPolicyType < pynvml.NVML_PERF_POLICY_COUNT:
@@ -619,12 +801,13 @@ class SimulatedNvml:
         return _MAX_MIG_DEVICES if gpu.mig_devices else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
+        """The index-th MIG device (compute instance) of the GPU."""
         gpu = self._gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
         if not 0 <= index < (_MAX_MIG_DEVICES if gpu.mig_devices else 0):
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if index >= len(gpu.mig_devices):
+        if index >= len(gpu.mig_handles):
             _fail(pynvml.NVML_ERROR_NOT_FOUND)
-        return pynvml.c_nvmlDevice_t(gpu.mig_devices[index].target)
+        return pynvml.c_nvmlDevice_t(gpu.mig_handles[index].target)
 
     def nvmlDeviceGetGpuInstanceId(self, device: Handle) -> int:
         mig_device = self._device(device, "nvmlDeviceGetGpuInstanceId")
@@ -632,29 +815,58 @@ class SimulatedNvml:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return mig_device.gpu_instance_id
 
+    def nvmlDeviceGetComputeInstanceId(self, device: Handle) -> int:
+        mig_device = self._device(device, "nvmlDeviceGetComputeInstanceId")
+        if not isinstance(mig_device, _MigDevice):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return mig_device.compute_instance_id
+
     # --- processes ---------------------------------------------------------------------------
 
     def _running(self, handle: Handle, function: str, *, graphics: bool) -> list[Any]:
+        """As pynvml's wrappers: friendly objects, usedGpuMemory None for NVML's sentinel."""
         device = self._device(handle, function)
-        compute_instance_id = 0 if device.owner.mig_devices else _NOT_APPLICABLE
-        return [
-            pynvml.nvmlStructToFriendlyObject(
+        out = []
+        for p in device.processes(self._clock()):
+            if not (p.graphics if graphics else p.compute):
+                continue
+            info = pynvml.nvmlStructToFriendlyObject(
                 pynvml.c_nvmlProcessInfo_t(
                     pid=p.pid,
                     usedGpuMemory=p.used_memory,
                     gpuInstanceId=p.gpu_instance_id,
-                    computeInstanceId=compute_instance_id,
+                    computeInstanceId=p.compute_instance_id,
                 )
             )
-            for p in device.processes(self._clock())
-            if (p.graphics if graphics else p.compute)
-        ]
+            if device.owner.memory_unavailable:
+                info.usedGpuMemory = None  # pynvml's answer to NVML_VALUE_NOT_AVAILABLE
+            out.append(info)
+        return out
+
+    def _unversioned(self, function: str) -> None:
+        """pynvml's unversioned process calls use the _v3 symbol inside
+        throwOnVersionMismatch: a driver without it raises NVMLLibraryMismatchError, which
+        is not an NVMLError."""
+        if f"{function}_v3" in self._missing:
+            raise pynvml.NVMLLibraryMismatchError(
+                "Unversioned function called and the pyNVML version does not match the NVML "
+                f"lib version. Either use matching pyNVML and NVML lib versions or use a "
+                f"versioned function such as {function}_v2"
+            )
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[Any]:
+        self._unversioned("nvmlDeviceGetComputeRunningProcesses")
         return self._running(handle, "nvmlDeviceGetComputeRunningProcesses", graphics=False)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[Any]:
+        self._unversioned("nvmlDeviceGetGraphicsRunningProcesses")
         return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses", graphics=True)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Handle) -> list[Any]:
+        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses_v2", graphics=False)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Handle) -> list[Any]:
+        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses_v2", graphics=True)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Handle, timeStamp: int) -> list[Any]:
         """One sample per running process, taken at the latest 167 ms sampling instant.
@@ -759,6 +971,8 @@ class SimulatedNvml:
 
     def nvmlGpmSampleGet(self, device: Handle, gpmSample: Any) -> Any:
         sampled = self._device(device, "nvmlGpmSampleGet")
+        if isinstance(sampled, _MigDevice):  # a compute instance counts its GPU instance's
+            return self._gpm.take(sampled.instance, gpmSample, self._clock())
         return self._gpm.take(sampled, gpmSample, self._clock())
 
     def nvmlGpmMigSampleGet(self, device: Handle, gpuInstanceId: int, gpmSample: Any) -> Any:

@@ -93,6 +93,7 @@ PROFILES = {
     "NVIDIA A100-SXM4-80GB": Profile(gpm=False, nvlinks=12),
     "NVIDIA A100-SXM4-40GB": Profile(gpm=False, nvlinks=12),
     "Tesla T4": Profile(gpm=False, nvlinks=0),
+    "NVIDIA GeForce RTX 4090": Profile(gpm=False, nvlinks=0),  # GPM on GeForce: Blackwell on
 }
 
 
