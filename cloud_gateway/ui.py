@@ -28,18 +28,25 @@ from cloud_gateway.fleet_documents import entry_document
 from cloud_gateway.registry_types import NodeView
 from cloud_gateway.ui_fleet import COLUMNS, Row, fleet_html, matches, sort_rows
 from cloud_gateway.ui_history import (
-    FB_FREE,
-    FB_RESERVED,
-    FB_USED,
     PROCESS_MEM,
     PROCESS_SM,
     SPOOL_BATCHES,
-    UTIL,
+    WHOLE,
+    Reading,
+    gpu_index,
     gpu_order,
-    per_gpu,
+    readings,
 )
 from cloud_gateway.ui_html import CSP, message_html
-from cloud_gateway.ui_node import MAX_PROCESSES, GpuRow, NodePage, ProcessRow, node_html
+from cloud_gateway.ui_node import (
+    MAX_INSTANCES,
+    MAX_PROCESSES,
+    GpuRow,
+    InstanceRow,
+    NodePage,
+    ProcessRow,
+    node_html,
+)
 
 if TYPE_CHECKING:
     from cloud_gateway.http_state import HttpState
@@ -59,24 +66,51 @@ def html_response(text: str, status: int = 200) -> web.Response:
     )
 
 
-def _gpu_memory(state: HttpState, node: str) -> tuple[dict[str, float], dict[str, float]]:
-    """(gpu -> MiB used, gpu -> MiB total) from the framebuffer families."""
-    reg = state.registry
-    used = per_gpu(reg.latest(node, FB_USED))
-    free = per_gpu(reg.latest(node, FB_FREE))
-    reserved = per_gpu(reg.latest(node, FB_RESERVED))
-    total = {g: used[g] + free[g] + reserved.get(g, 0.0) for g in used if g in free}
-    return used, total
+_NOTHING = Reading(util=None, used=None, total=None)
+Instances = dict[str, list[tuple[str, Reading]]]  # gpu -> (GPU_I_ID, reading), by id
 
 
-def held_row(state: HttpState, view: NodeView, now: float, gateway: str | None) -> Row:
-    """An offline node's last values stay in the registry for a while (offline_grace):
-    not shown as current, and its spool grows on the agent meanwhile."""
+def _live(state: HttpState, view: NodeView) -> tuple[dict[str, Reading], Instances]:
+    """What the node's GPUs show now: the whole GPUs by ``gpu`` label, and the MIG GPU
+    instances of each (those whose ``GPU_I_ID`` is a small decimal, as NVML's are).
+    Nothing for an offline node: its last values stay in the registry for a while
+    (offline_grace), not shown as current."""
+    whole: dict[str, Reading] = {}
+    instances: Instances = {}
+    if view.state == "offline":
+        return whole, instances
+    for (gpu, gi), reading in readings(state.registry, view.name).items():
+        if gi == WHOLE:
+            whole[gpu] = reading
+        elif gpu_index(gi) is not None:
+            instances.setdefault(gpu, []).append((gi, reading))
+    for found in instances.values():
+        found.sort(key=lambda item: gpu_order(item[0]))
+    return whole, instances
+
+
+def held_row(
+    state: HttpState,
+    view: NodeView,
+    now: float,
+    gateway: str | None,
+    whole: dict[str, Reading] | None = None,
+) -> Row:
+    """A node this gateway holds; ``whole``: its GPUs now, as :func:`_live` (read if not
+    given). Memory is the whole GPUs' used of their total (the HELLO inventory's where
+    none was sent), summed over the GPUs whose both are known: never an instance's."""
     reg = state.registry
-    live = view.state != "offline"
-    used, total = _gpu_memory(state, view.name) if live else ({}, {})
-    util = per_gpu(reg.latest(view.name, UTIL)) if live else {}
-    spool = reg.latest(view.name, SPOOL_BATCHES) if live else []
+    if whole is None:
+        whole, _ = _live(state, view)
+    inventory = {str(g.index): g.memory_total_bytes / 2**20 for g in view.gpus}
+    sized = [
+        (r.used, r.total if r.total is not None else inventory.get(gpu) or None)
+        for gpu, r in whole.items()
+        if r.used is not None
+    ]
+    memory = [(used, total) for used, total in sized if total is not None]
+    order = sorted(whole, key=gpu_order)
+    spool = reg.latest(view.name, SPOOL_BATCHES) if view.state != "offline" else []
     expires, _ = state.certificates.of(view.name)
     return Row(
         name=view.name,
@@ -84,9 +118,9 @@ def held_row(state: HttpState, view: NodeView, now: float, gateway: str | None) 
         gateway=gateway,
         gpu_count=len(view.gpus),
         gpu_models=tuple(sorted({g.name for g in view.gpus})),
-        util=tuple(util[g] for g in sorted(util, key=gpu_order)),
-        mem_used=sum(used.values()) if used else None,
-        mem_total=sum(total.values()) if total else None,
+        util=tuple(u for g in order if (u := whole[g].util) is not None),
+        mem_used=sum(used for used, _ in memory) if memory else None,
+        mem_total=sum(total for _, total in memory) if memory else None,
         last_seen=view.last_seen,
         agent_version=view.agent_version,
         cert_expires=expires,
@@ -200,22 +234,34 @@ def node_page(state: HttpState, request: web.Request) -> web.Response:
                 return html_response(node_html(NodePage.elsewhere(doc, entry.facts.gpus, now)))
         return html_response(message_html("Unknown node", f"No node named {name[:200]!r}."), 404)
     me = link.gateway if link is not None and link.cluster is not None else None
-    row = held_row(state, view, now, me)
-    live = view.state != "offline"
-    used, total = _gpu_memory(state, name) if live else ({}, {})
-    util = per_gpu(state.registry.latest(name, UTIL)) if live else {}
+    whole, instances = _live(state, view)
+    row = held_row(state, view, now, me, whole)
     times, recent = state.history.of(name)
     processes, process_count = _processes(state, name)
-    gpus = [
-        GpuRow.of(
-            g,
-            util=util.get(str(g.index)),
-            mem_used=used.get(str(g.index)),
-            mem_total=total.get(str(g.index)),
-            recent=recent.get(str(g.index), ([], [])),
+    gpus = []
+    for g in view.gpus:
+        current = whole.get(str(g.index), _NOTHING)
+        found = instances.get(str(g.index), [])
+        gpus.append(
+            GpuRow.of(
+                g,
+                util=current.util,
+                mem_used=current.used,
+                mem_total=current.total,
+                recent=recent.get(str(g.index), ([], [])),
+                instances=[
+                    InstanceRow(
+                        gpu_instance_id=gi,
+                        profile=r.profile,
+                        util=r.util,
+                        mem_used=r.used,
+                        mem_total=r.total,
+                    )
+                    for gi, r in found[:MAX_INSTANCES]
+                ],
+                instance_count=len(found),
+            )
         )
-        for g in view.gpus
-    ]
     page = NodePage(
         row=row,
         backend=view.backend,

@@ -1,7 +1,9 @@
-"""Recent GPU values per node and GPU, for the operator page's small charts.
+"""What the operator page reads of a node's GPUs: each GPU's and MIG GPU instance's
+figures now (:func:`readings`), and recent values per GPU for the small charts.
 
 A bounded ring per node: the times of its last ``capacity`` live batches (as seen on the
-gateway's tick) and, per GPU, the utilisation and the framebuffer memory in use at each.
+gateway's tick) and, per GPU, the whole GPU's utilisation and framebuffer memory in use
+at each.
 Fed by :meth:`RecentValues.sample` on the tick, read by :mod:`cloud_gateway.ui`; the
 registry stays as it is (it only has to track the families named in
 :data:`UI_FAMILIES`, for :meth:`Registry.latest`).
@@ -11,6 +13,23 @@ costs 8 bytes (two float32), plus 8 for its time per node: 1,000 nodes of 8 GPUs
 samples hold 8.2 MiB of values, 11 MiB with the dicts and arrays around them (measured
 with tracemalloc; tests/unit/test_ui.py bounds it).
 A node the registry forgets (now another gateway's) loses its ring on the next tick.
+
+Which series is which device: a ``gpu`` label names the physical GPU, and on a MIG GPU
+the whole GPU's series (no ``GPU_I_ID``, or an empty one) sit beside each GPU instance's
+(``GPU_I_ID``, ``GPU_I_PROFILE``) under the same ``gpu``. Every figure the page shows is
+one device's: :func:`per_device` keys series by (``gpu``, ``GPU_I_ID``), so the whole
+GPU's memory is never an instance's used beside the GPU's free, whatever order the
+registry hands the series out in (it keeps them in a set). :func:`readings` makes of
+them, per device, what the page shows:
+
+- utilisation: ``DCGM_FI_DEV_GPU_UTIL`` (%), else ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a
+  ratio, shown as %) of the same device. NVML has no GPU_UTIL for a MIG GPU or its
+  instances, so there the activity is what there is. Where only the instances have it,
+  the whole GPU shows none: its share is the instances' weighted by their slices of the
+  GPU's slice count, which no series carries, and a figure we did not measure is never
+  shown; each instance shows its own.
+- memory: ``DCGM_FI_DEV_FB_USED`` of ``DCGM_FI_DEV_FB_TOTAL`` where the node sends it,
+  else of used + free + reserved (NVML's total; reserved 0 where not sent) (MiB).
 
 A ``gpu`` label is a GPU index only as :func:`gpu_index` reads it (ASCII decimal, as
 ``str(int)`` writes it, below HELLO's 256 GPUs): ``str.isdigit()`` is also true of "²",
@@ -23,6 +42,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from gpurelay.model import Labels
@@ -30,17 +50,21 @@ from gpurelay.wire.frames import HELLO_GPUS
 
 CAPACITY: Final = 120
 UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
+GR_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # a ratio, 0-1
 FB_USED: Final = "DCGM_FI_DEV_FB_USED"
 FB_FREE: Final = "DCGM_FI_DEV_FB_FREE"
 FB_RESERVED: Final = "DCGM_FI_DEV_FB_RESERVED"
+FB_TOTAL: Final = "DCGM_FI_DEV_FB_TOTAL"
 PROCESS_MEM: Final = "DCGM_CUSTOM_PROCESS_MEM_USED"
 PROCESS_SM: Final = "DCGM_CUSTOM_PROCESS_SM_UTIL"
 SPOOL_BATCHES: Final = "gpurelay_agent_spool_batches"
 SPOOL_BYTES: Final = "gpurelay_agent_spool_bytes"
 # The families the page reads through Registry.latest (the gateway tracks them).
 UI_FAMILIES: Final = frozenset(
-    {UTIL, FB_USED, FB_FREE, FB_RESERVED, PROCESS_MEM, PROCESS_SM, SPOOL_BATCHES, SPOOL_BYTES}
+    {UTIL, GR_ACTIVE, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL}
+    | {PROCESS_MEM, PROCESS_SM, SPOOL_BATCHES, SPOOL_BYTES}
 )
+WHOLE: Final = ""  # the GPU_I_ID under which per_device keys a whole GPU's series
 MAX_GPU_INDEX: Final = HELLO_GPUS - 1
 _INDEX_DIGITS: Final = len(str(MAX_GPU_INDEX))
 
@@ -68,14 +92,72 @@ class Latest(Protocol):
     def latest(self, node: str, family: str) -> list[tuple[Labels, float]]: ...
 
 
-def per_gpu(rows: Iterable[tuple[Labels, float]]) -> dict[str, float]:
-    """``gpu`` label -> value (the first series of each GPU; MIG instances share it)."""
-    out: dict[str, float] = {}
+Device = tuple[str, str]  # (gpu label, GPU_I_ID or WHOLE)
+
+
+def per_device(rows: Iterable[tuple[Labels, float]]) -> dict[Device, tuple[Labels, float]]:
+    """(``gpu``, ``GPU_I_ID``) -> (labels, value): a whole GPU's series under
+    :data:`WHOLE`, each MIG GPU instance's under its id. Of several series of one device
+    (an agent sends one), the one whose labels sort first: the same whatever their order."""
+    out: dict[Device, tuple[Labels, float]] = {}
     for labels, value in rows:
-        gpu = dict(labels).get("gpu")
-        if gpu is not None and gpu not in out:
-            out[gpu] = value
+        d = dict(labels)
+        gpu = d.get("gpu")
+        if gpu is None:
+            continue
+        key = (gpu, d.get("GPU_I_ID", WHOLE))
+        held = out.get(key)
+        if held is None or labels < held[0]:
+            out[key] = (labels, value)
     return out
+
+
+def per_gpu(rows: Iterable[tuple[Labels, float]]) -> dict[str, float]:
+    """``gpu`` label -> the whole GPU's value: never a MIG instance's."""
+    return {gpu: v for (gpu, gi), (_, v) in per_device(rows).items() if gi == WHOLE}
+
+
+def utilisation(registry: Latest, node: str) -> dict[Device, float]:
+    """Per device, %: GPU_UTIL, else GR_ENGINE_ACTIVE as percent (see the module's notes)."""
+    out = {k: 100.0 * v for k, (_, v) in per_device(registry.latest(node, GR_ACTIVE)).items()}
+    out.update((k, v) for k, (_, v) in per_device(registry.latest(node, UTIL)).items())
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reading:
+    """What one GPU or MIG GPU instance shows now (None: not sent)."""
+
+    util: float | None  # %
+    used: float | None  # MiB
+    total: float | None  # MiB
+    profile: str = ""  # GPU_I_PROFILE of an instance
+
+
+def readings(registry: Latest, node: str) -> dict[Device, Reading]:
+    """Every device of ``node`` that sent utilisation or memory, each from its own series."""
+    util = utilisation(registry, node)
+    used, free, reserved, total = (
+        per_device(registry.latest(node, f)) for f in (FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL)
+    )
+    out = {}
+    for key in sorted(util.keys() | used.keys() | free.keys() | total.keys()):
+        size = _value(total, key)
+        if size is None and key in used and key in free:
+            size = used[key][1] + free[key][1] + (_value(reserved, key) or 0.0)
+        labels = next((t[key][0] for t in (used, free, total) if key in t), ())
+        out[key] = Reading(
+            util=util.get(key),
+            used=_value(used, key),
+            total=size,
+            profile=dict(labels).get("GPU_I_PROFILE", "") if key[1] != WHOLE else "",
+        )
+    return out
+
+
+def _value(table: dict[Device, tuple[Labels, float]], key: Device) -> float | None:
+    held = table.get(key)
+    return None if held is None else held[1]
 
 
 class _Ring:
@@ -146,14 +228,16 @@ class RecentValues:
             ring = self._rings.get(node)
             if ring is None:
                 ring = self._rings[node] = _Ring(self.capacity)
-            util, mem = (
-                {
-                    g: v
-                    for g, v in per_gpu(registry.latest(node, f)).items()
-                    if gpu_index(g) is not None
-                }
-                for f in (UTIL, FB_USED)
-            )
+            util = {
+                g: v
+                for (g, gi), v in utilisation(registry, node).items()
+                if gi == WHOLE and gpu_index(g) is not None
+            }
+            mem = {
+                g: v
+                for g, v in per_gpu(registry.latest(node, FB_USED)).items()
+                if gpu_index(g) is not None
+            }
             ring.add(last_batch, util, mem)
             taken += 1
         for node in self._rings.keys() - seen:

@@ -1,6 +1,7 @@
 """A node's page of the operator page (``GET /ui/nodes/{node}``): its facts, its GPUs with
 small charts of their recent values (inline SVG polylines, no style attributes: the CSP
-forbids them), its GPU processes and its recent errors."""
+forbids them), under a MIG GPU a row per GPU instance with its own figures (no charts),
+its GPU processes and its recent errors."""
 
 from __future__ import annotations
 
@@ -14,8 +15,21 @@ from cloud_gateway.ui_html import ago, clip, esc, expiry, finite, first, mib, pa
 from gpurelay.model import GpuInventory
 
 MAX_PROCESSES: Final = 200  # rows of the process table: those using the most memory
+MAX_INSTANCES: Final = 8  # MIG GPU-instance rows per GPU (A100 and H100 have at most 7)
+PROFILE_CUT: Final = 32  # characters of a GPU_I_PROFILE shown ("1g.10gb+me": 10)
 SHOWN_ENDPOINTS: Final = 64
 ERROR_CUT: Final = 300  # characters of an error message shown (the rest in its title)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceRow:
+    """A MIG GPU instance of a GPU, with its own figures."""
+
+    gpu_instance_id: str
+    profile: str
+    util: float | None
+    mem_used: float | None
+    mem_total: float | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +44,8 @@ class GpuRow:
     mem_total: float | None
     recent_util: list[float] = field(default_factory=list)
     recent_mem: list[float] = field(default_factory=list)
+    instances: list[InstanceRow] = field(default_factory=list)  # at most MAX_INSTANCES
+    instance_count: int = 0  # how many the node reports
 
     @classmethod
     def of(
@@ -40,9 +56,11 @@ class GpuRow:
         mem_used: float | None = None,
         mem_total: float | None = None,
         recent: tuple[list[float], list[float]] = ([], []),
+        instances: Sequence[InstanceRow] = (),
+        instance_count: int = 0,
     ) -> GpuRow:
         """A GPU of the node's HELLO inventory, with what is known of it now (the memory
-        total from the inventory unless a live value is given)."""
+        total from the inventory unless a live value is given) and its MIG instances."""
         return cls(
             index=str(g.index),
             model=g.name,
@@ -54,6 +72,8 @@ class GpuRow:
             mem_total=mem_total if mem_total is not None else g.memory_total_bytes / 2**20 or None,
             recent_util=recent[0],
             recent_mem=recent[1],
+            instances=list(instances),
+            instance_count=instance_count,
         )
 
 
@@ -193,10 +213,27 @@ def _gpus(p: NodePage) -> str:
             f"<td>{sparkline(g.recent_util, 100.0, 'utilisation %')}</td>"
             f"<td>{sparkline(g.recent_mem, g.mem_total, 'memory used MiB', 'mem')}</td></tr>"
         )
+        rows += [_instance(g, i) for i in g.instances]
+        if g.instance_count > len(g.instances):
+            more = g.instance_count - len(g.instances)
+            rows.append(f'<tr><td colspan="7" class="muted">+{more} more GPU instances</td></tr>')
     return (
         '<table id="gpus"><thead><tr><th>GPU</th><th>Model</th><th>UUID / PCI</th>'
         "<th>Utilisation</th><th>Memory</th><th>Utilisation, recent</th>"
         f"<th>Memory, recent</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _instance(g: GpuRow, i: InstanceRow) -> str:
+    profile = i.profile[:PROFILE_CUT] + (
+        "\N{HORIZONTAL ELLIPSIS}" if len(i.profile) > PROFILE_CUT else ""
+    )
+    return (
+        f'<tr class="mig" data-instance="{esc(g.index)}/{esc(i.gpu_instance_id)}">'
+        f"<td>{esc(g.index)} · GPU instance {esc(i.gpu_instance_id)}</td>"
+        f"<td>MIG {esc(profile or '—')}</td><td></td>"
+        f'<td class="num">{pct(i.util)}</td>'
+        f'<td class="num">{mib(i.mem_used)} of {mib(i.mem_total)}</td><td></td><td></td></tr>'
     )
 
 

@@ -58,9 +58,17 @@ def process_labels(g: int, pid: int, pod: str) -> Labels:
 class Fleet:
     """A registry with nodes as an agent fills it, and the page's HTTP state."""
 
-    def __init__(self, *, basic: bool = True, tokens: frozenset[str] = frozenset({TOKEN})):
+    def __init__(
+        self,
+        *,
+        basic: bool = True,
+        tokens: frozenset[str] = frozenset({TOKEN}),
+        registry: Registry | None = None,
+    ) -> None:
         self.now = T0
-        self.registry = Registry(RegistryConfig(tracked_families=FB_FAMILIES | UI_FAMILIES))
+        self.registry = registry or Registry(
+            RegistryConfig(tracked_families=FB_FAMILIES | UI_FAMILIES)
+        )
         self.endpoints = EndpointTable()
         self.state = HttpState(
             registry=self.registry,
