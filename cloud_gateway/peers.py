@@ -9,8 +9,9 @@ node's tunnel as if it had been asked directly.
 - The client side (:class:`PeerClient`) is asked by the proxy when a node is not
   connected here; it finds the owner's address in the fleet view (``route``), sends the
   request with the scrape's remaining time, and streams the answer back with the owner's
-  status and headers. Errors name the node and the gateway: 502 when the owner cannot be
-  reached, 504 when it does not answer in time.
+  status and headers, adding no header of its own (the client's Accept-Encoding, or
+  none, is what the owner sees). Errors name the node and the gateway: 502 when the
+  owner cannot be reached, 504 when it does not answer in time.
 
 The peer listener faces the network like the HTTP listener and is guarded the same way
 (:class:`cloud_gateway.http_listener.ConnectionGuard`): at most ``PEER_MAX_CONNECTIONS``
@@ -51,6 +52,10 @@ _HOP = frozenset(
         "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
     )
 )  # fmt: skip
+# aiohttp's client adds these when the request has none; the hop sends only what the
+# client sent (an Accept-Encoding of its own would get the client a gzip body it never
+# asked for: the answer is streamed through undecoded).
+_NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Route = Callable[[str], "tuple[str, str] | None"]  # node -> (gateway id, host:port) or None
@@ -97,7 +102,12 @@ class PeerClient:
         try:
             async with asyncio.timeout(timeout):
                 async with self._session.request(
-                    request.method, url, headers=headers, data=body, allow_redirects=False
+                    request.method,
+                    url,
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
+                    skip_auto_headers=_NOT_ADDED,
                 ) as upstream:
                     response.set_status(upstream.status, upstream.reason)
                     for name, value in upstream.headers.items():

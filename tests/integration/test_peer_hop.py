@@ -74,3 +74,34 @@ async def test_a_node_owned_by_another_gateway_is_scraped_through_it(tmp_path: P
             assert r.status_code == 502
             assert f"node 'edge-1' is on gateway gw-a ({a_peer}), which cannot be reached" in r.text
         await b_client.close()
+
+
+async def test_a_hopped_scrape_comes_back_in_the_encoding_the_client_asked_for(
+    tmp_path: Path,
+) -> None:
+    """The hop adds no header of its own: a client that sent no Accept-Encoding gets the
+    body as text (aiohttp's client would ask the owner for gzip, and the hop passes the
+    compressed body through untouched), one that asked for gzip gets gzip, as directly."""
+    pki = make_pki(tmp_path)
+    async with (
+        running_gateway(gateway_config(pki)) as a,
+        running_gateway(gateway_config(pki)) as b,
+        peer_listener(a) as a_listener,
+    ):
+        b.proxy.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_listener.address))
+        async with running_agent(agent_config(pki, "edge-1", a)) as agent:
+            await wait_for(lambda: a.ingest.stats.batches >= 1)
+            url = f"http://127.0.0.1:{{}}/proxy/edge-1/{agent.port}/metrics"
+            async with httpx.AsyncClient(timeout=20) as client:
+                del client.headers["Accept-Encoding"]  # httpx's default asks for gzip
+                for asked in (None, "identity", "gzip"):
+                    headers = dict(AUTH) if asked is None else {**AUTH, "Accept-Encoding": asked}
+                    direct = await client.get(url.format(a.http_port), headers=headers)
+                    hop = await client.get(url.format(b.http_port), headers=headers)
+                    assert direct.status_code == hop.status_code == 200, asked
+                    sent = hop.headers.get("Content-Encoding")
+                    assert sent == direct.headers.get("Content-Encoding"), asked
+                    assert sent == ("gzip" if asked == "gzip" else None), asked
+                    assert "DCGM_FI_DEV_GPU_UTIL" in hop.text, asked
+            assert b_client.requests == 3
+        await b_client.close()
