@@ -6,6 +6,7 @@ DCGM); docs/simulator.md says how to add a machine.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -14,6 +15,10 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
+from edge_agent import cli
+from edge_agent.app import open_backend
+from edge_agent.config import SimulateConfig, load
+from edge_agent.errors import ConfigError
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.nvml.profiles import PROFILES
 from edge_agent.nvml.simulator import SimulatedNvml
@@ -173,3 +178,36 @@ def test_a_slow_call_and_a_hung_one() -> None:
     sim.clear_faults()
     assert returned.wait(5), "clear_faults did not release the hung call"
     caller.join(5)
+
+
+@pytest.mark.parametrize(
+    ("value", "gpus", "profile"),
+    [("3", 3, ""), ("r470", 0, "r470"), ("h100-mig:4", 4, "h100-mig")],
+)
+def test_simulate_takes_a_count_a_profile_or_both(value: str, gpus: int, profile: str) -> None:
+    args = cli._parser().parse_args(["once", "--simulate", value])
+    sim = cli._config(args).simulate
+    assert (sim.gpus, sim.profile, sim.enabled) == (gpus, profile, True)
+
+
+@pytest.mark.parametrize("value", ["h200-nvl", "r470:0", "0"])
+def test_simulate_refuses_what_is_not_a_machine(value: str) -> None:
+    args = cli._parser().parse_args(["once", "--simulate", value])
+    with pytest.raises(ConfigError, match=r"machine profile|at least 1 GPU"):
+        cli._config(args)
+
+
+def test_the_banner_names_the_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = dataclasses.replace(
+        load(None, {}),
+        simulate=SimulateConfig(profile="a100-mig", fake_host=False),
+        attribution=dataclasses.replace(load(None, {}).attribution, pod_resources_socket=None),
+    )
+    backend = open_backend(cfg)
+    try:
+        assert backend.lib.nvmlDeviceGetCount() == PROFILES["a100-mig"].gpus
+    finally:
+        backend.lib.nvmlShutdown()
+    banner = capsys.readouterr().err
+    assert "machine profile a100-mig" in banner and "MIG on GPU 0" in banner
+    assert "SIMULATED" in banner
