@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from edge_agent.fields import (
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.devices import GpuDevice
 from edge_agent.nvml.gpm import GpmStreams, entity_key
-from edge_agent.nvml.guard import GpuGuard, Job, Stalled
+from edge_agent.nvml.guard import GpuGuard, Stalled
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Family, GpuInventory, Labels, SampleSink
 
@@ -149,6 +148,7 @@ class DeviceCollector:
     def close(self) -> None:
         """Free what NVML allocated for the collector (GPM samples); before nvmlShutdown."""
         self._gpm.close()
+        self.guard.close()
 
     def _labels(self, dev: GpuDevice, label_fields: list[str], driver: str) -> Labels:
         extra = {
@@ -173,32 +173,28 @@ class DeviceCollector:
     def collect(self, sink: SampleSink) -> list[GpuInventory]:
         """Read every active field of every GPU into ``sink``; return the inventory.
 
-        The GPUs are read at once, each in its thread; one not done by the deadline is
-        left out of this cycle (and of the next ones while its call has not returned)."""
+        The GPUs are read in the guard's worker thread; one not done within the deadline
+        is left out of this cycle (and of the next ones while its call has not returned)."""
         for fam in self.families:
             sink.declare(fam)
-        deadline = time.monotonic() + self.deadline_seconds
-        jobs: list[tuple[GpuDevice, SampleSink, Job[GpuInventory] | Stalled]] = []
-        for dev in self._devices:
-            part = SampleSink()
-            try:
-                job: Job[GpuInventory] | Stalled = self.guard.submit(
-                    dev.uuid, partial(self._collect_gpu, dev, part)
-                )
-            except Stalled as exc:
-                job = exc
-            jobs.append((dev, part, job))
+        parts = [SampleSink() for _ in self._devices]
+        results = self.guard.each(
+            [
+                (dev.uuid, partial(self._collect_gpu, dev, part))
+                for dev, part in zip(self._devices, parts, strict=True)
+            ],
+            self.deadline_seconds,
+        )
         inventory = []
-        for dev, part, job in jobs:
-            try:
-                if isinstance(job, Stalled):
-                    raise job
-                inventory.append(self.guard.result(job, deadline))
-            except Stalled as exc:
-                inventory.append(self._stalled(dev, exc))
+        for dev, part, result in zip(self._devices, parts, results, strict=True):
+            if isinstance(result, Stalled):
+                inventory.append(self._stalled(dev, result))
                 continue
+            if isinstance(result, BaseException):
+                raise result
             self.degraded.clear(str(dev.index), "nvml_calls")
             sink.extend(part)
+            inventory.append(result)
         return inventory
 
     def _stalled(self, dev: GpuDevice, exc: Stalled) -> GpuInventory:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from edge_agent.attribute import Attribution
 from edge_agent.degraded import Degraded
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.devices import GpuDevice
-from edge_agent.nvml.guard import GpuGuard, Job, Stalled
+from edge_agent.nvml.guard import GpuGuard, Stalled
 from gpurelay.model import MIB, Family, Labels, SampleSink
 
 log = logging.getLogger(__name__)
@@ -169,26 +168,18 @@ class ProcessCollector:
             sink.declare(fam)
         containers: dict[tuple[Labels, str], _Sums] = {}
         self.pod_gpus = {}
-        deadline = time.monotonic() + self.deadline_seconds
-        jobs: list[tuple[_Target, Job[_Read] | Stalled]] = []
-        for target in self._targets:  # in the GPUs' threads, against a deadline
-            try:
-                job: Job[_Read] | Stalled = self.guard.submit(
-                    target.dev.uuid, partial(self._read, target)
-                )
-            except Stalled as exc:
-                job = exc
-            jobs.append((target, job))
-        for target, job in jobs:
-            try:
-                if isinstance(job, Stalled):
-                    raise job
-                procs, utils = self.guard.result(job, deadline)
-            except Stalled as exc:
+        results = self.guard.each(  # in the GPUs' worker, against a deadline
+            [(t.dev.uuid, partial(self._read, t)) for t in self._targets], self.deadline_seconds
+        )
+        for target, result in zip(self._targets, results, strict=True):
+            if isinstance(result, Stalled):
                 self.degraded.report(
-                    str(target.dev.index), "nvml_calls", f"{exc}; its processes are left out"
+                    str(target.dev.index), "nvml_calls", f"{result}; its processes are left out"
                 )
                 continue
+            if isinstance(result, BaseException):
+                raise result
+            procs, utils = result
             for proc in procs or ():
                 self._emit(target, proc, utils, sink, containers)
         for (clabels, _), sums in containers.items():

@@ -266,18 +266,22 @@ def test_unavailable_process_memory_is_left_out(tmp_path: Path) -> None:
 
 def test_a_hung_call_stalls_its_gpu_not_the_cycle(tmp_path: Path) -> None:
     cfg = dataclasses.replace(load(None, {}), nvml_deadline_seconds=0.3)
-    with agent(tmp_path, gpus=2, cfg=cfg) as (pipeline, sim, clock):
+    with agent(tmp_path, gpus=3, cfg=cfg) as (pipeline, sim, clock):
         pipeline.collection.collect()
         sim.inject_delay(math.inf, gpu=1, function="nvmlDeviceGetTemperature")
-        for _ in range(2):  # the second cycle finds GPU 1's thread still inside the call
+        for _ in range(2):  # the second cycle finds GPU 1's call still hanging
             clock.advance(10)
             snap = pipeline.collection.collect()
-            assert samples(snap, "DCGM_FI_DEV_GPU_TEMP", gpu="1") == []
-            assert samples(snap, "DCGM_FI_DEV_POWER_USAGE", gpu="1") == []
-            assert samples(snap, "DCGM_CUSTOM_PROCESS_MEM_USED", gpu="1") == []
-            assert samples(snap, "DCGM_FI_DEV_GPU_TEMP", gpu="0")
-            assert samples(snap, "DCGM_CUSTOM_PROCESS_MEM_USED", gpu="0")
+            for family in (
+                "DCGM_FI_DEV_GPU_TEMP",
+                "DCGM_FI_DEV_POWER_USAGE",
+                "DCGM_CUSTOM_PROCESS_MEM_USED",
+            ):
+                assert samples(snap, family, gpu="1") == []
+                for other in ("0", "2"):  # before and after the hung GPU
+                    assert samples(snap, family, gpu=other), f"{family} of GPU {other}"
             assert one(snap, "gpurelay_agent_gpu_healthy", gpu="1") == 0
+            assert one(snap, "gpurelay_agent_gpu_healthy", gpu="2") == 1
             assert "has not returned" in degraded(snap)[("1", "nvml_calls")]
         sim.clear_faults()  # the call returns
         clock.advance(10)
