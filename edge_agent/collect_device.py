@@ -67,7 +67,7 @@ class DeviceCollector:
     ) -> None:
         self._lib = lib
         self.degraded = degraded or Degraded()
-        # Each GPU is read in its own thread, waited for at most deadline_seconds a cycle:
+        # The GPUs are read in the guard's worker thread, each for at most deadline_seconds:
         # a hung NVML call leaves that GPU out (stalled), the others are still published.
         self.guard = guard or GpuGuard()
         self.deadline_seconds = deadline_seconds
