@@ -22,7 +22,7 @@ To add a machine from a real driver's behaviour, see docs/simulator.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pynvml
 
@@ -77,39 +77,43 @@ class MachineProfile:
     process_memory_unavailable: bool = False
 
 
+_H100 = MachineProfile(
+    name="h100-sxm",
+    summary="8x H100 SXM5 80GB on driver R550 (NVML 12.550): every call answers",
+    model="NVIDIA H100 80GB HBM3",
+    gpus=8,
+    driver_version="550.54.15",
+    total_memory=85_520_809_984,  # bytes, as NVML reports an H100 80GB HBM3
+    reserved_memory=595_591_168,
+)
+_A100 = MachineProfile(
+    name="a100",
+    summary="2x A100-SXM4-40GB on driver R535",
+    model="NVIDIA A100-SXM4-40GB",
+    gpus=2,
+    driver_version="535.161.08",
+    total_memory=42_949_672_960,
+    reserved_memory=333_447_168,
+)
+
 PROFILES: dict[str, MachineProfile] = {
     p.name: p
     for p in (
-        MachineProfile(
-            name="h100-sxm",
-            summary="8x H100 SXM5 80GB on driver R550 (NVML 12.550): every call answers",
-            model="NVIDIA H100 80GB HBM3",
-            gpus=8,
-            driver_version="550.54.15",
-            total_memory=85_520_809_984,
-            reserved_memory=595_591_168,
-        ),
-        MachineProfile(
+        _H100,
+        replace(
+            _H100,
             name="h100-mig",
             summary="2x H100 80GB, GPU 0 in MIG mode with a GPU instance holding two "
             "compute instances (R550)",
-            model="NVIDIA H100 80GB HBM3",
             gpus=2,
-            driver_version="550.54.15",
-            total_memory=85_520_809_984,
-            reserved_memory=595_591_168,
             mig_gpus=(0,),
             mig_layout=H100_MIG_TWO_CI,
         ),
-        MachineProfile(
+        replace(
+            _A100,
             name="a100-mig",
             summary="2x A100-SXM4-40GB, GPU 0 in MIG mode (3g.20gb as 1c + 2c); no GPM "
             "(pre-Hopper), NVLink 3 (R535)",
-            model="NVIDIA A100-SXM4-40GB",
-            gpus=2,
-            driver_version="535.161.08",
-            total_memory=42_949_672_960,
-            reserved_memory=333_447_168,
             mig_gpus=(0,),
             mig_layout=A100_MIG_TWO_CI,
         ),
@@ -137,15 +141,12 @@ PROFILES: dict[str, MachineProfile] = {
             },
             unsupported_field_ids=frozenset({pynvml.NVML_FI_DEV_MEMORY_TEMP}),
         ),
-        MachineProfile(
+        replace(
+            _A100,
             name="r470",
             summary="2x A100-SXM4-40GB on driver R470 (NVML 11.470): no _v3 process calls, "
             "memory info v1 only, throttle reasons instead of clock-event reasons, no GPM",
-            model="NVIDIA A100-SXM4-40GB",
-            gpus=2,
             driver_version="470.223.02",
-            total_memory=42_949_672_960,
-            reserved_memory=333_447_168,
             missing=frozenset(
                 {
                     # added in NVML 11.6 (R510) / 12.535 / R520, per nvml.h's change log
@@ -162,15 +163,12 @@ PROFILES: dict[str, MachineProfile] = {
                 }
             ),
         ),
-        MachineProfile(
+        replace(
+            _H100,
             name="h100-nocaps",
             summary="2x H100 80GB seen from a container without capabilities, GPU 0 in MIG "
             "mode: GPM sampling and MIG device enumeration answer NO_PERMISSION",
-            model="NVIDIA H100 80GB HBM3",
             gpus=2,
-            driver_version="550.54.15",
-            total_memory=85_520_809_984,
-            reserved_memory=595_591_168,
             mig_gpus=(0,),
             errors={
                 # Profiling counters need CAP_SYS_ADMIN (or the driver's
