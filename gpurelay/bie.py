@@ -3,6 +3,10 @@
 Format (shared/seeds/bie-custom-accelerator-metrics.zh.txt): ``{node: {deviceNum,
 devices: [{usedMemory, totalMemory, percent}], usedMemory, totalMemory, percent}}``,
 memory in bytes, ``percent`` the used/total fraction (0..1), sums over all cards.
+
+A GPU that was not read (lost, or its NVML call hung) is left out of ``devices``,
+``deviceNum`` and the sums: its memory was not measured, and a 0 would read as an empty
+card to a scheduler.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def _fraction(used: float, total: float) -> float:
 
 
 def node_summary(gpus: Iterable[GpuInventory]) -> BieNode:
+    gpus = [g for g in gpus if g.healthy]
     devices: list[BieDevice] = [
         {
             "usedMemory": g.memory_used_bytes,

@@ -20,6 +20,7 @@ import pytest
 from edge_agent.app import Pipeline
 from edge_agent.config import load
 from edge_agent.nvml.simulator import SimulatedNvml
+from gpurelay.bie import collect_document
 from gpurelay.model import MIB, Snapshot
 from harness.pipeline import FakeClock, make_pipeline
 
@@ -291,3 +292,13 @@ def test_a_hung_call_stalls_its_gpu_not_the_cycle(tmp_path: Path) -> None:
         assert samples(snap, "DCGM_FI_DEV_GPU_TEMP", gpu="1")
         assert one(snap, "gpurelay_agent_gpu_healthy", gpu="1") == 1
         assert ("1", "nvml_calls") not in degraded(snap)
+
+
+def test_a_gpu_not_read_is_not_an_empty_card_in_bie(tmp_path: Path) -> None:
+    with agent(tmp_path, gpus=2) as (pipeline, sim, _):
+        sim.inject_fault(pynvml.NVML_ERROR_GPU_IS_LOST, gpu=1)
+        snap = pipeline.collection.collect()
+    (node,) = collect_document(snap.node, snap.gpus).values()
+    assert node["deviceNum"] == 1
+    assert [d["totalMemory"] for d in node["devices"]] == [snap.gpus[0].memory_total_bytes]
+    assert node["usedMemory"] == snap.gpus[0].memory_used_bytes > 0
