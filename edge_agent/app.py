@@ -258,6 +258,7 @@ class Agent:
         self.local_port = 0  # where the tunnel reaches our exporter (plain, loopback)
         self.listening: http_server.Listening | None = None
         self.tunnel: Tunnel | None = None
+        self.outbox: Outbox | None = None  # its spool locked first: one agent per spool
         self._alarm: asyncio.Future[bool] | None = None  # the run loop's sleep, if asleep
         # Collections run one at a time, always on this one thread: asyncio.to_thread's
         # shared pool handed them to whichever thread was idle, each with its own malloc
@@ -296,16 +297,17 @@ class Agent:
         return out
 
     async def startup(self) -> None:
+        self.outbox = self._outbox() if self.cfg.gateway.gateways else None  # first (the lock)
         self.pipeline = build_pipeline(open_backend(self.cfg))
         self.pipeline.xid.start()
-        if self.cfg.gateway.gateways:
+        if self.outbox is not None:
             # Before the first collection, so that every collection (the first one after a
             # restart included) carries the tunnel's and the spool's own series.
             self.tunnel = Tunnel(
                 self.cfg.gateway,
                 node=self.pipeline.node,
                 hello=self.hello,
-                outbox=self._outbox(),
+                outbox=self.outbox,
                 replay_batches_per_second=self.cfg.spool.replay_batches_per_second,
             )
             self.pipeline.collection.extra.append(self.tunnel.metrics)
@@ -443,8 +445,8 @@ class Agent:
         if self._tunnel_task is not None:  # cancelled again if it lost a cancellation
             node = self.pipeline.node if self.pipeline is not None else "?"
             await stop_task(self._tunnel_task, what=f"node {node}: the tunnel")
-        if self.tunnel is not None:
-            self.tunnel.outbox.close()
+        if self.outbox is not None:
+            self.outbox.close()
         if self.listening is not None:
             await self.listening.close()
         self._collector.shutdown(wait=False, cancel_futures=True)  # a hung NVML call stays

@@ -31,6 +31,13 @@ Guarantees (``journal_mode=WAL``, ``synchronous=NORMAL``):
   ``recovery_seconds`` passed without a failure: a nearly full disk lets some writes
   through, and the episode should not flap). The
   caller sends such batches live without spooling.
+* One spool, one process: the spool holds an exclusive lock on ``<name>.lock`` beside the
+  database (:mod:`edge_agent.spool_lock`) from its first open to ``close``. A second spool
+  on the same database raises :class:`~edge_agent.spool_lock.SpoolInUse` naming the holder;
+  the kernel releases the lock when the holder dies, however it dies. Should the database
+  still change behind the spool's back (an older agent without the lock, a hand-run
+  ``sqlite3``), a count that would go below zero is logged and taken again from the
+  database: ``stats()`` never reports a negative number of batches or bytes.
 * A corrupt database at open (or detected later) is moved aside to
   ``<name>.corrupt-<unix-ts>`` and a fresh one started. The high-water sequence number is
   then lost; if the agent restarts after that, sequence numbers start again at 1 (or
@@ -52,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent import spool_sql
+from edge_agent.spool_lock import SpoolInUse, SpoolLock
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +137,8 @@ class Spool:
         self._write_errors = 0
         self._failing_since_errors: int | None = None  # write_errors when the episode began
         self._closed = False
-        self._open()
+        self._lock = SpoolLock(self.path, clock=clock)
+        self._open()  # SpoolInUse when another process has this spool
 
     # -- public API -------------------------------------------------------------------------
 
@@ -180,8 +189,11 @@ class Spool:
         except (sqlite3.Error, OSError) as exc:
             self._failed(conn, "put", exc)
             return False
-        self._count += 1 - age_n - bytes_n - (1 if replaced is not None else 0)
-        self._bytes += size - age_bytes - bytes_bytes - (replaced or 0)
+        self._counted(
+            conn,
+            1 - age_n - bytes_n - (1 if replaced is not None else 0),
+            size - age_bytes - bytes_bytes - (replaced or 0),
+        )
         self._recovered()
         self._note_drops({DROP_AGE: age_n, DROP_BYTES: bytes_n}, now)
         return True
@@ -214,8 +226,7 @@ class Spool:
         except (sqlite3.Error, OSError) as exc:
             self._failed(conn, "ack", exc)
             return 0
-        self._count -= n
-        self._bytes -= freed
+        self._counted(conn, -n, -freed)
         self._recovered()
         return n
 
@@ -260,6 +271,29 @@ class Spool:
     def close(self) -> None:
         self._closed = True
         self._close_conn()
+        self._lock.release()
+
+    def _counted(self, conn: sqlite3.Connection, batches: int, size: int) -> None:
+        """Add what a committed put or ack changed to the counts. Below zero, the database
+        changed behind this spool's back: logged, and counted again from the database."""
+        self._count += batches
+        self._bytes += size
+        if self._count >= 0 and self._bytes >= 0:
+            return
+        log.error(
+            "spool at %s was changed behind this agent's back (its count went to %d batches,"
+            " %d bytes): another process writes to it; counting again from the database",
+            self.path,
+            self._count,
+            self._bytes,
+        )
+        try:
+            count, total = conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM batches"
+            ).fetchone()
+        except (sqlite3.Error, OSError):
+            count = total = 0
+        self._count, self._bytes = max(int(count), 0), max(int(total), 0)
 
     # -- opening and recovery ---------------------------------------------------------------
 
@@ -267,6 +301,7 @@ class Spool:
         """Open (or create) the database; False, logged and counted, when that fails."""
         try:
             self._make_state_dir()
+            self._lock.acquire()  # before the database: one process per spool
             conn = self._connect(self.path)
         except (sqlite3.Error, OSError) as exc:
             self._failed(None, "open", exc)
@@ -350,7 +385,10 @@ class Spool:
         if self._closed:
             raise RuntimeError("spool is closed")
         if self._conn is None:
-            self._open()
+            try:
+                self._open()
+            except SpoolInUse as exc:  # taken while the lock file could not be made
+                self._failed(None, "open", exc)
         return self._conn
 
     def _readable_conn(self) -> sqlite3.Connection | None:
