@@ -94,7 +94,11 @@ def has_gpu() -> bool:
 
 
 def port_free(port: int) -> bool:
+    """Whether our servers can listen on 127.0.0.1:``port``. They bind with SO_REUSEADDR
+    (asyncio, aiohttp and asyncssh do), so the check does too: without it, the last demo's
+    connections still in TIME_WAIT (a minute after it stopped) made a free port "taken"."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
