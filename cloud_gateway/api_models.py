@@ -130,7 +130,7 @@ class Gateway(TypedDict):
     this: Annotated[bool, "the gateway that answered"]
     heartbeat_age_seconds: float
     up_seconds: Annotated[float | None, "since it (re)started; null alone"]
-    nodes: Annotated[int, "nodes it holds"]
+    nodes: Annotated[int, "nodes it holds (0 when not alive: its nodes are offline)"]
 
 
 class GatewayList(TypedDict):

@@ -14,14 +14,19 @@ if TYPE_CHECKING:
     from cloud_gateway.directory_pg import Member
 
 
-def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> NodeSummary:
+def entry_document(
+    entry: NodeEntry, owner: Member | None, now: float, *, clustered: bool = True
+) -> NodeSummary:
     """The same keys as a held node's document (cloud_gateway.http_api.node_document);
     what only the owner knows (series, counters) is null. ``state``: online when its
-    owner is a live gateway that holds its connection, else offline."""
+    owner is a live gateway that holds its connection, else offline; ``published``: the
+    endpoints its owner wrote to the directory, while it is online (as /api/v1/sd);
+    ``gateway`` and ``gateway_alive`` only ``clustered`` (one gateway's inventory names
+    no owner)."""
     facts = entry.facts
     online = owner is not None and entry.connected
-    return {
-        "published": [],
+    doc: NodeSummary = {
+        "published": list(entry.published) if online else [],
         "name": entry.node,
         "state": "online" if online else "offline",
         "gateway": entry.gateway,
@@ -48,17 +53,21 @@ def entry_document(entry: NodeEntry, owner: Member | None, now: float) -> NodeSu
         "certificate_expires": facts.cert_valid_before,
         "last_disconnect_reason": entry.last_disconnect_reason,
     }
+    if not clustered:
+        del doc["gateway"], doc["gateway_alive"]
+    return doc
 
 
 def gateway_document(member: Member, ttl: float, me: str) -> Gateway:
+    alive = member.alive(ttl)
     return {
         "id": member.id,
         "advertise": member.advertise,
-        "alive": member.alive(ttl),
+        "alive": alive,
         "this": member.id == me,
         "heartbeat_age_seconds": round(member.heartbeat_age, 3),
         "up_seconds": round(member.up_seconds, 3),
-        "nodes": member.nodes,
+        "nodes": member.nodes if alive else 0,  # a dead gateway's nodes are offline
     }
 
 

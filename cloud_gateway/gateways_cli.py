@@ -1,5 +1,6 @@
 """``cloud-gateway gateways``: the cluster's gateways through the operator API (httpx):
-id, alive, heartbeat age, nodes owned, time up; ``--json`` for the API's document."""
+id, alive, heartbeat age, nodes owned (``-`` for a dead gateway: its nodes are offline),
+time up; ``--json`` for the API's document."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def render_table(gateways: list[dict[str, Any]]) -> str:
                 name,
                 "yes" if g.get("alive") else "no",
                 _seconds(g.get("heartbeat_age_seconds")),
-                str(g.get("nodes", "")),
+                str(g.get("nodes", "")) if g.get("alive") else "-",  # a dead one holds none
                 _seconds(g.get("up_seconds")),
                 str(g.get("advertise") or "-"),
             )

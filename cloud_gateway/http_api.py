@@ -276,10 +276,11 @@ async def list_nodes(request: web.Request) -> web.Response:
     nodes = [node_document(v, now, state.endpoints, state.certificates) for v in views]
     link = state.directory
     if link is not None:
-        for doc in nodes:
+        clustered = link.cluster is not None  # one gateway names no owner
+        for doc in nodes if clustered else ():
             doc["gateway"] = link.gateway
         for entry, owner in link.elsewhere():
-            doc = entry_document(entry, owner, now)
+            doc = entry_document(entry, owner, now, clustered=clustered)
             if (wanted is None or doc["state"] == wanted) and (
                 not domain or doc["domain"] == domain
             ):
@@ -294,18 +295,19 @@ async def get_node(request: web.Request) -> web.Response:
     now = state.clock()
     view = state.registry.node(name, now=now)
     link = state.directory
+    clustered = link is not None and link.cluster is not None  # one gateway names no owner
     if view is None:
         for entry, owner in link.elsewhere() if link is not None else ():
             if entry.node == name:
                 detail: NodeDetail = {
-                    **entry_document(entry, owner, now),
+                    **entry_document(entry, owner, now, clustered=clustered),
                     "gpus": [gpu(g) for g in entry.facts.gpus],
                     "recent_errors": [],  # known on the owner only
                 }
                 return web.json_response(detail)
         return error_response(404, f"unknown node {name!r}")
     doc = node_detail(view, now, state.endpoints, state.certificates)
-    if link is not None:
+    if link is not None and clustered:
         doc["gateway"] = link.gateway
     return web.json_response(doc)
 

@@ -18,6 +18,9 @@ from typing import Any
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:9410"
+COLUMNS: tuple[str, ...] = (
+    "NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT", "EXPIRES", "PUBLISHED",
+)  # fmt: skip
 
 
 def add_nodes_parser(sub: Any) -> None:
@@ -118,23 +121,34 @@ def _expires(when: object, now: float) -> str:
     return f"{date} ({days}d)" if days else f"{date} ({hours}h)"
 
 
+def _gateway(node: dict[str, Any]) -> str:
+    """The gateway that holds ``node`` (several gateways), ``(dead)`` when it stopped
+    heartbeating; ``-`` when none does."""
+    gateway = str(node.get("gateway") or "")
+    if not gateway:
+        return "-"
+    return f"{gateway} (dead)" if node.get("gateway_alive") is False else gateway
+
+
 def render_table(nodes: list[dict[str, Any]], now: float) -> str:
-    header = ("NODE", "STATE", "DOMAIN", "GPUS", "LAST SEEN", "AGENT", "EXPIRES", "PUBLISHED")
+    """The node table; with several gateways (the API names each node's gateway), a
+    GATEWAY column after STATE."""
+    clustered = any("gateway" in n for n in nodes)
+    header = (*COLUMNS[:2], "GATEWAY", *COLUMNS[2:]) if clustered else COLUMNS
     rows = [header]
     for n in nodes:
         last = n.get("last_seen")
-        rows.append(
-            (
-                str(n.get("name", "")),
-                str(n.get("state", "")),
-                str(n.get("domain", "")),
-                str(n.get("gpu_count", 0)),
-                _age(now - last if isinstance(last, int | float) else None),
-                str(n.get("agent_version", "")),
-                _expires(n.get("certificate_expires"), now),
-                ",".join(n.get("published", [])) or "-",
-            )
+        row = (
+            str(n.get("name", "")),
+            str(n.get("state", "")),
+            str(n.get("domain", "")),
+            str(n.get("gpu_count", 0)),
+            _age(now - last if isinstance(last, int | float) else None),
+            str(n.get("agent_version", "")),
+            _expires(n.get("certificate_expires"), now),
+            ",".join(n.get("published", [])) or "-",
         )
+        rows.append((*row[:2], _gateway(n), *row[2:]) if clustered else row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ that moves is let go at once by its old gateway (its series leave that /metrics)
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from cloud_gateway.app import Gateway
+from cloud_gateway.cli import main
 from cloud_gateway.cluster_config import ClusterSection
 from harness.fleet import (
     TOKEN,
@@ -116,7 +118,81 @@ async def test_two_gateways_answer_for_the_fleet_and_a_moved_node_is_let_go(
             await wait_for(a_sees_it_on_b, timeout=10)
 
 
-async def test_the_single_gateways_inventory_survives_a_restart(tmp_path: Path) -> None:
+async def cli(command: str, gw: Gateway, capsys: pytest.CaptureFixture[str]) -> list[list[str]]:
+    """``cloud-gateway COMMAND`` against ``gw``: its table, one list of cells per line."""
+    argv = [command, "--gateway", f"http://127.0.0.1:{gw.http_port}", "--token", TOKEN]
+    assert await asyncio.to_thread(main, argv) == 0
+    return [line.split("  ") for line in capsys.readouterr().out.splitlines()]
+
+
+def cells(table: list[list[str]], first: str) -> dict[str, str]:
+    """The row of ``table`` whose first cell is ``first``, by column (cells of a table
+    are apart by at least two spaces)."""
+    header = [c.strip() for c in table[0] if c.strip()]
+    [row] = [[c.strip() for c in r if c.strip()] for r in table[1:] if r[0].strip() == first]
+    return dict(zip(header, row, strict=True))
+
+
+async def test_any_gateway_lists_a_nodes_gateway_and_endpoints_and_no_nodes_on_a_dead_one(
+    tmp_path: Path,
+    database: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``cloud-gateway nodes`` on b shows the GATEWAY of a node held by a and what it
+    PUBLISHED (as a wrote it to the directory); once a stops heartbeating (frozen, or
+    killed), ``cloud-gateway gateways`` counts no nodes for it and the node is offline,
+    publishing nothing."""
+    pki = make_pki(tmp_path)
+    token = tmp_path / "peer.token"
+    token.write_text("peer-token-0123456789abcdef\n")
+    async with (
+        running_gateway(cluster_member(pki, database, "gw-a", token)) as a,
+        running_gateway(cluster_member(pki, database, "gw-b", token)) as b,
+        httpx.AsyncClient(timeout=20) as client,
+        running_agent(agent_config(pki, "edge-1", a)) as agent,
+    ):
+        own = f"edge-1:{agent.port}"
+
+        async def b_discovers_it() -> bool:  # a wrote the endpoints, b re-read them
+            r = await client.get(f"http://127.0.0.1:{b.http_port}/api/v1/sd", headers=AUTH)
+            return any(g["targets"] == [own] for g in r.json())
+
+        await wait_for(b_discovers_it, timeout=10)
+        on_b = (await nodes(client, b))["edge-1"]
+        assert on_b["gateway"] == "gw-a" and on_b["state"] == "online"
+        assert on_b["published"] == (await nodes(client, a))["edge-1"]["published"] == [own]
+        for gw in (a, b):
+            row = cells(await cli("nodes", gw, capsys), "edge-1")
+            assert row["STATE"] == "online" and row["GATEWAY"] == "gw-a", row
+            assert row["PUBLISHED"] == own, row
+        gateways = cells(await cli("gateways", b, capsys), "gw-a")
+        assert gateways["ALIVE"] == "yes" and gateways["NODES"] == "1", gateways
+
+        async def frozen(monotonic: float) -> None:  # a's heartbeats stop, as after kill -9
+            return None
+
+        monkeypatch.setattr(a.link, "tick", frozen)
+
+        async def gw_a_is_dead() -> bool:
+            r = await client.get(f"http://127.0.0.1:{b.http_port}/api/v1/gateways", headers=AUTH)
+            return not {g["id"]: g for g in r.json()["gateways"]}["gw-a"]["alive"]
+
+        await wait_for(gw_a_is_dead, timeout=15)
+        r = await client.get(f"http://127.0.0.1:{b.http_port}/api/v1/gateways", headers=AUTH)
+        assert {g["id"]: g for g in r.json()["gateways"]}["gw-a"]["nodes"] == 0
+        gateways = cells(await cli("gateways", b, capsys), "gw-a")
+        assert gateways["ALIVE"] == "no" and gateways["NODES"] == "-", gateways
+        on_b = (await nodes(client, b))["edge-1"]
+        assert on_b["state"] == "offline" and on_b["published"] == []
+        row = cells(await cli("nodes", b, capsys), "edge-1")
+        assert row["STATE"] == "offline" and row["GATEWAY"] == "gw-a (dead)", row
+        assert row["PUBLISHED"] == "-", row
+
+
+async def test_the_single_gateways_inventory_survives_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pki = make_pki(tmp_path)
     cfg = dataclasses.replace(
         gateway_config(pki), cluster=ClusterSection(directory=str(tmp_path / "nodes.db"))
@@ -130,6 +206,10 @@ async def test_the_single_gateways_inventory_survives_a_restart(tmp_path: Path) 
         assert entry["gpu_count"] == 1 and entry["backend"] == "simulated"
         assert entry["certificate_serial"] is not None
         assert entry["last_disconnect_reason"]
+        # one gateway names no owner (the API's `gateway`: with [cluster]), nor does its table
+        assert "gateway" not in entry and "gateway_alive" not in entry
+        table = await cli("nodes", gw, capsys)
+        assert "GATEWAY" not in table[0] and cells(table, "edge-1")["STATE"] == "offline"
         r = await client.get(f"http://127.0.0.1:{gw.http_port}/api/v1/nodes/edge-1", headers=AUTH)
         assert r.status_code == 200 and len(r.json()["gpus"]) == 1
 
