@@ -346,9 +346,10 @@ class Gateway:
 
     async def shutdown(self) -> None:
         notify("STOPPING=1")
-        self.http.ready = False
+        started, self.http.ready = self.http.ready, False
         if self.ssh is not None:
-            log.info("shutting down: telling %d agent(s) goodbye", self.ssh.channels)
+            if started:  # not when startup failed (a port taken): nobody to tell
+                log.info("shutting down: telling %d agent(s) goodbye", self.ssh.channels)
             await self.ssh.stop(self.cfg.drain_seconds)
         await self.ingest.aclose()
         await self.link.stop()

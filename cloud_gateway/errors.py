@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class GatewayError(Exception):
     """Base class for errors the gateway reports to a user."""
@@ -33,3 +36,24 @@ class CaNotFoundError(CertError):
 
 class RevocationFileError(GatewayError):
     """The revocation list cannot be read or has a malformed line (the message says which)."""
+
+
+class ListenError(GatewayError):
+    """A listener cannot bind its address (taken, not this machine's, no permission)."""
+
+
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "another process listens there",
+    errno.EACCES: "a port below 1024 needs root or CAP_NET_BIND_SERVICE",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
+}
+
+
+def listen_error(listener: str, key: str, host: str, port: int, exc: OSError) -> ListenError:
+    """``exc`` from binding ``listener`` (SSH, HTTP, ...) as set by ``key``, in one line."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno is not None and exc.errno in _LISTEN_HINTS:
+        reason = f"{os.strerror(exc.errno).lower()} ({_LISTEN_HINTS[exc.errno]})"
+    else:
+        reason = exc.strerror or str(exc)
+    return ListenError(f"cannot listen for {listener} on {shown} ({key}): {reason}")

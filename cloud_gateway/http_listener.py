@@ -45,6 +45,8 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from cloud_gateway.errors import listen_error
+
 log = logging.getLogger("cloud_gateway.http")
 
 # Values of gpurelay_gateway_http_connections_closed_total{reason}.
@@ -356,15 +358,23 @@ class ConnectionGuard:
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP site whose connections pass through a :class:`ConnectionGuard`."""
+    """A TCP site whose connections pass through a :class:`ConnectionGuard`. ``listener``
+    (what it is, the setting of its address) names it when its address cannot be bound."""
 
-    __slots__ = ("_guard", "_host", "_port", "port")
+    __slots__ = ("_guard", "_host", "_listener", "_port", "port")
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        guard: ConnectionGuard,
+        *,
+        listener: tuple[str, str] = ("HTTP", "http.listen"),
     ) -> None:
         super().__init__(runner)
         self._host, self._port, self._guard = host, port, guard
+        self._listener = listener
         self.port = port  # the bound port once started
 
     @property
@@ -376,8 +386,11 @@ class GuardedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            self._guard.protocol_factory(server), self._host, self._port, reuse_address=True
-        )
+        try:
+            self._server = await asyncio.get_running_loop().create_server(
+                self._guard.protocol_factory(server), self._host, self._port, reuse_address=True
+            )
+        except OSError as exc:  # taken, not this machine's address, no permission
+            raise listen_error(*self._listener, self._host, self._port, exc) from exc
         if self._server.sockets:
             self.port = int(self._server.sockets[0].getsockname()[1])

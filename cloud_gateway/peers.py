@@ -195,10 +195,10 @@ async def start_peer_listener(
         peer_app(proxy, token, guard), access_log=None, keepalive_timeout=PEER_IDLE_SECONDS
     )
     await runner.setup()
-    site = GuardedSite(runner, host, port, guard)
+    site = GuardedSite(runner, host, port, guard, listener=("peers", "cluster.peer_listen"))
     try:
         await site.start()
-    except OSError:
+    except BaseException:  # ListenError: the address cannot be bound
         await runner.cleanup()
         raise
     return runner, guard, site.port

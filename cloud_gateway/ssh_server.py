@@ -34,6 +34,7 @@ from cloud_gateway.admission import Admission, AdmissionRefused
 from cloud_gateway.auth_policy import describe
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.enrollment import serve_enrollment, wants_enrollment
+from cloud_gateway.errors import listen_error
 from cloud_gateway.proxy_listener import ProxiedListener
 from cloud_gateway.ssh_auth import CertificatePolicy, ConnectionAuth, node_log
 from gpurelay.wire import (
@@ -138,22 +139,25 @@ class SshServer:
         if self.proxied is not None:  # it binds the socket, and reads the header first
             self.proxied.backlog = LISTEN_BACKLOG
             extra["tunnel"] = self.proxied
-        self._server = await asyncssh.listen(
-            host,
-            port,
-            server_host_keys=keys,
-            server_factory=lambda: ConnectionAuth(self.policy, self.endpoints),
-            process_factory=self._process,
-            encoding=None,
-            allow_scp=False,
-            agent_forwarding=False,
-            x11_forwarding=False,
-            login_timeout=self._login_timeout,
-            keepalive_interval=self.keepalive_seconds,
-            keepalive_count_max=self.keepalive_count_max,
-            backlog=LISTEN_BACKLOG,
-            **extra,
-        )
+        try:
+            self._server = await asyncssh.listen(
+                host,
+                port,
+                server_host_keys=keys,
+                server_factory=lambda: ConnectionAuth(self.policy, self.endpoints),
+                process_factory=self._process,
+                encoding=None,
+                allow_scp=False,
+                agent_forwarding=False,
+                x11_forwarding=False,
+                login_timeout=self._login_timeout,
+                keepalive_interval=self.keepalive_seconds,
+                keepalive_count_max=self.keepalive_count_max,
+                backlog=LISTEN_BACKLOG,
+                **extra,
+            )
+        except OSError as exc:  # taken, not this machine's address, no permission
+            raise listen_error("SSH", "ssh.listen", host, port, exc) from exc
         self.port = self._server.get_port()
         return self.port
 
