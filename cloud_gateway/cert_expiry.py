@@ -5,7 +5,10 @@ The expiry is the certificate's ``valid_before`` as the gateway saw it at authen
 the nodes connected now, those it held in this run (offline, until the registry forgets
 them), and, for a single gateway with an inventory, the nodes the inventory recorded
 before a restart (their ``cert_valid_before`` fact). With several gateways each one
-publishes the nodes it holds, so no node has two series.
+publishes the nodes it holds, so no node has two series. The family reaches the
+exposition with the gateway's own, but it is about nodes (``gpurelay_node_*``): a
+sharded scrape has each node's series in that node's shard
+(:data:`cloud_gateway.exposition.NODE_PREFIX`).
 
 A certificate without an expiry (OpenSSH's "forever") has no series and a ``null`` in the
 API: an alert on ``gpurelay_node_certificate_expiry_timestamp_seconds - time()`` never

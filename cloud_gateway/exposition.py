@@ -10,8 +10,10 @@ the registry stores them, this module decides what they look like. Then come the
 per-node families ``gpurelay_node_up``, ``gpurelay_node_state``,
 ``gpurelay_node_last_seen_timestamp_seconds`` and ``gpurelay_node_late_after_seconds``
 (which outlive a node's expired device series; see :mod:`cloud_gateway.liveness`; the
-node in the registry's ``node_label``, as on device series) and the gateway's own
-families.
+node in the registry's ``node_label``, as on device series), the ``gpurelay_node_*``
+families the gateway hands in with its own (:data:`NODE_PREFIX`: the certificate expiry),
+kept by node like the liveness families so that a shard holds only its nodes' series,
+and the gateway's own families.
 
 A scrape costs a join, and gzip costs what changed. The fleet part (every device family)
 is kept as *pieces* of up to :data:`PIECE_BLOCKS` consecutive (family, node) blocks,
@@ -85,7 +87,11 @@ NODE_LATE_AFTER = Family(
 )
 STATES: Final = ("online", "stale", "offline")
 NODE_FAMILIES: Final = (NODE_UP, NODE_STATE, NODE_LAST_SEEN, NODE_LATE_AFTER)
+# A family of set_extra named so is about one node per series (labelled with the node label),
+# not about the gateway: it goes with the node families, in its nodes' shards.
+NODE_PREFIX: Final = "gpurelay_node_"
 FamilySamples = tuple[Family, Sequence[Sample]]
+NodeLines = tuple[Family, tuple[tuple[str, bytes], ...]]  # (node, its sample lines) in order
 
 
 def header(family: Family, *, openmetrics: bool) -> bytes:
@@ -135,6 +141,7 @@ class Exposition:
         self.piece_blocks = piece_blocks
         self.bodies_built = 0  # fleet parts rebuilt, and gzip passes over what changed
         self._extra: tuple[bytes, bytes] = (b"", b"")  # (text, openmetrics)
+        self._extra_nodes: tuple[NodeLines, ...] = ()  # set_extra's gpurelay_node_* families
         self._extra_generation = 0
         self._fleet_key = -1  # the registry generation self._fleet was read at
         self._fleet: list[tuple[Family, list[Piece]]] = []
@@ -161,20 +168,37 @@ class Exposition:
     ) -> None:
         """The gateway's own families (``gpurelay_gateway_*``: agents may not declare that
         prefix) and its histograms, appended after the node data on every scrape; they
-        never invalidate the cached fleet part."""
+        never invalidate the cached fleet part. Families named :data:`NODE_PREFIX` (the
+        certificate expiry) are about nodes: they go with the node families instead."""
         families = list(families)
+        own = [f for f in families if not f[0].name.startswith(NODE_PREFIX)]
+        nodes = tuple(
+            self._by_node(fam, samples)
+            for fam, samples in families
+            if fam.name.startswith(NODE_PREFIX)
+        )
         extra = (
-            render_families(families, openmetrics=False),
-            render_families(families, openmetrics=True),
+            render_families(own, openmetrics=False),
+            render_families(own, openmetrics=True),
         )
         if histograms is not None:
             extra = (
                 extra[0] + histograms.render(openmetrics=False),
                 extra[1] + histograms.render(openmetrics=True),
             )
-        if extra != self._extra:
-            self._extra = extra
+        if extra != self._extra or nodes != self._extra_nodes:
+            self._extra, self._extra_nodes = extra, nodes
             self._extra_generation += 1
+
+    def _by_node(self, family: Family, samples: Sequence[Sample]) -> NodeLines:
+        label = self.registry.config.node_label
+        return family, tuple(
+            (
+                dict(s.labels).get(label, ""),
+                f"{s.name}{format_labels(s.labels)} {format_value(s.value)}\n".encode(),
+            )
+            for s in samples
+        )
 
     def set_orphans(self, nodes: Iterable[Liveness]) -> None:
         """Offline nodes this gateway does not hold but answers for (the cluster's leader:
@@ -407,9 +431,9 @@ class Exposition:
     def node_families(
         self, openmetrics: bool, keep: Callable[[str], bool] | None = None
     ) -> list[bytes]:
-        """``gpurelay_node_up``, ``_state``, ``_last_seen_...`` and ``_late_after_...``
-        (of the nodes ``keep`` keeps, all by default); a node's lines are re-rendered only
-        when its values changed."""
+        """``gpurelay_node_up``, ``_state``, ``_last_seen_...`` and ``_late_after_...``,
+        then the per-node families of :meth:`set_extra` (of the nodes ``keep`` keeps, all
+        by default); a node's liveness lines are re-rendered only when its values changed."""
         cache = self._node_lines
         columns: tuple[list[bytes], ...] = ([], [], [], [])
         nodes = self.registry.liveness()
@@ -428,6 +452,10 @@ class Exposition:
         for fam, lines in zip(NODE_FAMILIES, columns, strict=True):
             if lines:
                 parts += [self._header(fam, openmetrics)[0], *lines]
+        for fam, by_node in self._extra_nodes:
+            kept = [line for node, line in by_node if keep is None or keep(node)]
+            if kept:
+                parts += [self._header(fam, openmetrics)[0], *kept]
         return parts
 
 

@@ -3,8 +3,9 @@
 whole body (:mod:`cloud_gateway.exposition`), filtered by node.
 
 A family's ``# HELP``/``# TYPE`` header comes once, only when the shard holds one of its
-series; the node liveness families keep the shard's nodes; the gateway's own families
-(``gpurelay_gateway_*``) come in shard 0 only. So the N shards' bodies together hold every
+series; the node families (liveness, and the ``gpurelay_node_*`` families the gateway
+computes, such as the certificate expiry) keep the shard's nodes; the gateway's own
+families (``gpurelay_gateway_*``) come in shard 0 only. So the N shards' bodies together hold every
 series of the whole body exactly once, and each one alone is a valid exposition.
 
 A shard's fleet part is joined (a copy of its share of the blocks) and, for gzip,

@@ -1,5 +1,6 @@
 """``/metrics?shard=K&shards=N``: each shard is a valid body, and the N shards together
-hold every series of the whole body exactly once (the gateway's own families in shard 0)."""
+hold every series of the whole body exactly once (the gateway's own families in shard 0,
+every series about a node, its certificate expiry too, in that node's shard)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from cloud_gateway.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry
 from cloud_gateway.exposition import Exposition
+from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http_api import HttpState, make_app
+from cloud_gateway.ingest import IngestStats
 from cloud_gateway.registry import Registry
 from cloud_gateway.registry_types import Liveness
 from cloud_gateway.shards import shard_of
@@ -22,6 +26,7 @@ from tests.unit.test_gateway_exposition import OWN, T0, Agent, snapshot
 
 NODES = [f"edge-{i:02d}" for i in range(14)]
 DEAD = Liveness("dead-node", "offline", T0 - 100.0, None)  # a dead gateway's node
+EXPIRES = {node: int(T0 + 30 * DAY) + i for i, node in enumerate(NODES)}  # certificates
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +43,31 @@ def expo(snaps: list[Snapshot]) -> Exposition:
         Agent(reg, node, dataclasses.replace(snap, node=node))
     reg.disconnect(NODES[3], reg.live_connection(NODES[3])[0], now=T0, reason="test")  # type: ignore[index]
     expo = Exposition(reg)
-    expo.set_extra([OWN])
+    expo.set_extra([OWN, certificates()])
     expo.set_orphans([DEAD])
     return expo
+
+
+def certificates() -> tuple[object, ...]:
+    """Every node's certificate expiry, as the gateway renders it: among its own families
+    (:func:`gateway_families`), from :class:`CertificateExpiry` (here its inventory path)."""
+    watch = CertificateExpiry()
+    watch.refresh(T0, live={}, stored={n: (when, 1) for n, when in EXPIRES.items()})
+    [family] = [
+        f
+        for f in gateway_families(
+            states={},
+            auth_failures={},
+            protocol_errors={},
+            ingest=IngestStats(),
+            channels=0,
+            bodies_built=0,
+            http_requests={},
+            certificates=watch.family("Hostname"),
+        )
+        if f[0] is CERT_EXPIRY
+    ]
+    return family
 
 
 def samples(body: bytes) -> Counter[str]:
@@ -74,6 +101,19 @@ async def test_the_shards_partition_the_body(expo: Exposition, om: bool) -> None
             for node in [*NODES, DEAD.name]:  # a node's series all in its own shard
                 assert (f'"{node}"'.encode() in body) == (shard_of(node, n) == k)
     assert await shard_body(expo, 0, 1, om=om) == whole
+
+
+async def test_a_nodes_certificate_expiry_is_in_its_nodes_shard(expo: Exposition) -> None:
+    """The operator guide: a shard holds only the nodes that hash to it. The expiry gauge
+    is rendered beside the gateway's own families, but it is about a node."""
+    gauge = CERT_EXPIRY.name
+    n = 4
+    for k in range(n):
+        body = (await shard_body(expo, k, n)).decode()
+        lines = [line for line in body.splitlines() if line.startswith(gauge + "{")]
+        mine = [node for node in sorted(NODES) if shard_of(node, n) == k]
+        assert lines == [f'{gauge}{{Hostname="{node}"}} {EXPIRES[node]}' for node in mine], k
+        assert (f"# TYPE {gauge} gauge" in body) == bool(mine), k
 
 
 async def test_each_shard_passes_promtool(expo: Exposition, promtool: Path) -> None:
