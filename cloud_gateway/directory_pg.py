@@ -12,11 +12,19 @@ gateways starting at once do not both migrate); its version lives in
 ``gpurelay_schema``, and a database migrated by a newer gateway is refused with a clear
 error. Each gateway id's row holds the instance of the process running under it
 (:mod:`cloud_gateway.directory_members`: two processes with one id are refused, or fenced).
-asyncpg is imported only when this module is used: a single gateway never needs it."""
+asyncpg is imported only when this module is used: a single gateway never needs it.
+
+While PostgreSQL is away asyncpg's pool tries to restore its minimum size after every
+failed acquire and logs each failure (``asyncpg.pool``) with a full traceback: one every
+heartbeat, beside the gateway's own line about the same outage. :class:`PoolLogThrottle`
+makes that one line, the exception's type and message, at most once a
+:data:`POOL_LOG_SECONDS`, saying how many it held back."""
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +43,7 @@ MIGRATION_LOCK = 0x67707572656C6179  # pg_advisory_xact_lock key: "gpurelay"
 LEADER_LOCK = 0x67707572656C6164  # pg_try_advisory_lock key of the leader: "gpurelad"
 CONNECT_TIMEOUT_SECONDS = 5.0
 COMMAND_TIMEOUT_SECONDS = 10.0
+POOL_LOG_SECONDS = 60.0  # asyncpg's pool logs one line at most this often
 
 # MIGRATIONS[k] takes the schema from version k to k + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -135,6 +144,41 @@ def _error(what: str, exc: BaseException) -> DirectoryError:
     return DirectoryError(f"PostgreSQL node directory: {what}: {exc}")
 
 
+class PoolLogThrottle(logging.Filter):
+    """On the ``asyncpg.pool`` logger: each record one line (no traceback: the
+    exception's type and message instead), at most one per ``every`` seconds."""
+
+    def __init__(
+        self, every: float = POOL_LOG_SECONDS, clock: Callable[[], float] = time.monotonic
+    ):
+        super().__init__()
+        self.every = every
+        self.clock = clock
+        self._next = float("-inf")  # when the next line may go out
+        self._held = 0  # lines held back since the last one
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        if now < self._next:
+            self._held += 1
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        held = f" ({self._held} more in the last {self.every:g}s)" if self._held else ""
+        text = f"PostgreSQL node directory: asyncpg: {record.getMessage()}{why}{held}"
+        record.msg, record.args = " ".join(text.split()), None
+        record.exc_info = record.exc_text = record.stack_info = None
+        self._next, self._held = now + self.every, 0
+        return True
+
+
+def _throttle_pool_log() -> None:
+    """Install :class:`PoolLogThrottle` on asyncpg's pool logger, once per process."""
+    pool_log = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, PoolLogThrottle) for f in pool_log.filters):
+        pool_log.addFilter(PoolLogThrottle())
+
+
 def _failures() -> tuple[type[BaseException], ...]:
     import asyncpg  # what the driver raises when PostgreSQL, or the way to it, fails
 
@@ -182,6 +226,7 @@ class PostgresDirectory(PgMembers, PgNonces):
         member releases only once it holds its id: cloud_gateway.cluster_join)."""
         import asyncpg
 
+        _throttle_pool_log()
         try:
             self._pool = await asyncpg.create_pool(
                 self.dsn,

@@ -5,12 +5,13 @@ the others could take its nodes, and heals when the directory is back."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
 from cloud_gateway.cluster import ClaimRefused, Cluster
-from cloud_gateway.directory import NodeFacts
+from cloud_gateway.directory import DirectoryError, NodeFacts
 from cloud_gateway.directory_pg import PostgresDirectory
 from harness.postgres import PostgresServer
 
@@ -133,4 +134,36 @@ async def test_a_gateway_without_its_directory_fences_itself_then_heals(tmp_path
         assert await a.cluster.claim("edge-1", FACTS) == 2
         await a.cluster.stop()
     finally:
+        server.remove()
+
+
+async def test_asyncpgs_pool_says_a_lost_database_in_one_line_now_and_then(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg's pool reconnects to its minimum size after every failed acquire and logs
+    each failure with a full traceback (logger ``asyncpg.pool``): during an outage one
+    every heartbeat, beside the gateway's own clear lines. One line, now and then."""
+    server = PostgresServer.find()  # its own server: this test stops it
+    directory = PostgresDirectory(server.dsn, gateway="gw-a")
+    # as in a fresh process: no throttle left by an earlier test's outage
+    monkeypatch.setattr(logging.getLogger("asyncpg.pool"), "filters", [])
+    try:
+        server.start()
+        await directory.open()
+        server.stop()  # PostgreSQL down
+        caplog.set_level(logging.WARNING, logger="asyncpg")
+        for _ in range(8):  # the gateway's heartbeats, quicker
+            with pytest.raises(DirectoryError):
+                await directory.members()
+            await asyncio.sleep(0.5)
+        pool = [r for r in caplog.records if r.name.startswith("asyncpg")]
+        assert len(pool) == 1, [r.getMessage() for r in pool]
+        [line] = pool
+        assert line.exc_info is None and line.exc_text is None, "a traceback"
+        text = caplog.text.strip()
+        assert "\n" not in line.getMessage()
+        assert "PostgreSQL node directory" in line.getMessage(), text
+        assert "Connect call failed" in line.getMessage() or "refused" in line.getMessage(), text
+    finally:
+        await directory.close()
         server.remove()
