@@ -10,8 +10,11 @@ rules (test_adapter_and_dashboards.py) and of ACK's rules verbatim (test_ack_ada
 * :func:`running_fleet` runs a real gateway with two agents of two simulated GPUs each,
   whose GPU processes live in a fake host tree with Kubernetes pods, and a real
   ``prometheus`` binary (Debian package ``prometheus``) that scrapes the gateway with the
-  shipped ``deploy/prometheus/unified.yml``; it yields once both nodes' GPU and pod series
-  are stored.
+  shipped ``deploy/prometheus/unified.yml`` (or ``prometheus.yml``: both jobs, the
+  unified one and the proxied one through the gateway); it yields once both nodes' GPU
+  and pod series are stored (through every job);
+* :func:`published` reads what the gateway and the agents publish on their own
+  ``/metrics``, the truth a query's answer is compared with.
 """
 
 from __future__ import annotations
@@ -30,13 +33,29 @@ import yaml
 
 from edge_agent import simhost
 from edge_agent.config import AgentConfig
-from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
+from harness.fleet import (
+    TOKEN,
+    agent_config,
+    gateway_config,
+    make_pki,
+    running_agent,
+    running_gateway,
+)
 from harness.prometheus import running_prometheus
 from harness.waiting import wait_for
-from tests.integration.test_prometheus_e2e import GATEWAY, UNIFIED_JOB, PromQL, substituted
+from tests.integration.test_prometheus_e2e import (
+    FAST,
+    GATEWAY,
+    PROXIED_JOB,
+    TOKEN_FILE,
+    UNIFIED_JOB,
+    PromQL,
+    substituted,
+)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNIFIED = DEPLOY / "prometheus" / "unified.yml"
+BOTH = DEPLOY / "prometheus" / "prometheus.yml"  # the unified and the proxied job
 TEMPLATE_FIELDS = {"Series", "LabelMatchers", "GroupBy", "LabelValuesByName", "GroupBySlice"}
 
 NODES = {"edge-a": 11, "edge-b": 12}  # node -> simulator seed (distinct GPUs and pods)
@@ -46,6 +65,9 @@ GPUS = 2
 # rule must count each GPU's memory once per pod, and a pod's GPUs are summed.
 SHARED_NODE, SHARED_WITH_FIRST = "edge-a", (1, 4)
 READY_DEADLINE = 45.0  # Prometheus start -> GPU and pod series of both nodes seen
+# A sample line of the text format, and a label of it (published())
+SAMPLE = re.compile(r"(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)(?: \S+)?")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def relabelled(text: str, node_label: str) -> str:
@@ -120,6 +142,20 @@ def gpu_key(labels: dict[str, str], node_label: str) -> tuple[str, str, str]:
 
 
 class Prometheus(PromQL):
+    """A Prometheus of :func:`running_fleet`: ``jobs`` are its scrape jobs, ``sources``
+    the ``/metrics`` URLs of the gateway and of each node's agent."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        log: Path,
+        jobs: tuple[str, ...] = (UNIFIED_JOB,),
+        sources: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(client, log)
+        self.jobs = jobs
+        self.sources = sources or {}
+
     async def at(self, expr: str, when: float) -> list[dict[str, Any]]:
         r = await self.client.get("/api/v1/query", params={"query": expr, "time": f"{when:.3f}"})
         assert r.status_code == 200, f"{expr}\n-> {r.status_code} {r.text}"
@@ -171,11 +207,18 @@ async def running_fleet(
     pod_resources: str = "",
     node_label: str = "Hostname",
     counters_file: Path | None = None,
+    config: Path = UNIFIED,
+    interval_seconds: float | None = None,
+    rule_files: Sequence[Path] = (),
 ) -> AsyncIterator[Prometheus]:
     """The gateway, both agents and Prometheus; ``pod_resources``: the agents' simulated
     kubelet (``[simulate] pod_resources``: "nvidia" or "gpushare"), none by default;
     ``node_label``: the gateway's and the agents' setting; ``counters_file``: the agents'
-    (the built-in one by default)."""
+    (the built-in one by default); ``config``: the shipped Prometheus config, UNIFIED or
+    BOTH (with ``node_label = "hostname"`` run through the operator guide's sed, as
+    ``rule_files`` are); ``interval_seconds``: the agents' collection (and process)
+    interval, 0.2 s by default: a long one keeps every value still while a test reads it
+    from Prometheus and from the ``/metrics`` it came from."""
     pki = make_pki(tmp_path)
     gateway = gateway_config(pki, node_label=node_label)
     async with running_gateway(gateway) as gw:
@@ -183,30 +226,55 @@ async def running_fleet(
         for node, seed in NODES.items():
             cfg = agent_config(pki, node, gw, gpus=GPUS)
             simulate = dataclasses.replace(cfg.simulate, seed=seed, pod_resources=pod_resources)
-            configs.append(
-                dataclasses.replace(
-                    cfg, simulate=simulate, node_label=node_label, counters_file=counters_file
-                )
+            cfg = dataclasses.replace(
+                cfg, simulate=simulate, node_label=node_label, counters_file=counters_file
             )
-        async with running_agent(configs[0]), running_agent(configs[1]):
+            if interval_seconds is not None:
+                cfg = dataclasses.replace(
+                    cfg,
+                    interval_seconds=interval_seconds,
+                    process_interval_seconds=interval_seconds,
+                )
+            configs.append(cfg)
+        async with running_agent(configs[0]) as agent_a, running_agent(configs[1]) as agent_b:
+            # Connected, and (for the proxied job's service discovery) each agent's
+            # exporter published.
             await wait_for(
-                lambda: set(NODES) <= set(gw.registry.states(time.time())),
-                what="both agents to connect",
+                lambda: (
+                    set(NODES) <= set(gw.registry.states(time.time()))
+                    and gw.endpoints.count() == len(NODES)
+                ),
+                what="both agents to connect and publish their exporters",
             )
-            config = tmp_path / "prometheus.yml"
-            config.write_text(
-                substituted(
-                    UNIFIED.read_text(),
-                    {
-                        GATEWAY: f"127.0.0.1:{gw.http_port}",
-                        "scrape_interval: 15s": "scrape_interval: 1s",
-                        "evaluation_interval: 15s": "evaluation_interval: 1s",
-                    },
-                )
-            )
-            with running_prometheus(prometheus_bin, config, tmp_path) as (url, log):
+            sources = {"gateway": f"http://127.0.0.1:{gw.http_port}/metrics"}
+            for node, agent in zip(NODES, (agent_a, agent_b), strict=True):
+                sources[node] = f"http://127.0.0.1:{agent.port}/metrics"
+            replacements = {
+                GATEWAY: f"127.0.0.1:{gw.http_port}",
+                "scrape_interval: 15s": "scrape_interval: 1s",
+                "evaluation_interval: 15s": "evaluation_interval: 1s",
+            }
+            jobs: tuple[str, ...] = (UNIFIED_JOB,)
+            text = config.read_text()
+            if config == BOTH:
+                token_file = tmp_path / "edge-gpu-relay.token"
+                token_file.write_text(TOKEN + "\n")
+                replacements |= {TOKEN_FILE: str(token_file), **FAST}
+                jobs = (UNIFIED_JOB, PROXIED_JOB)
+                text = relabelled(text, node_label)
+            text = substituted(text, replacements)
+            if rule_files:
+                rules_dir = tmp_path / "rules"
+                rules_dir.mkdir()
+                text += "\nrule_files:\n"
+                for path in rule_files:
+                    (rules_dir / path.name).write_text(relabelled(path.read_text(), node_label))
+                    text += f"  - {rules_dir / path.name}\n"
+            prometheus_yml = tmp_path / "prometheus.yml"
+            prometheus_yml.write_text(text)
+            with running_prometheus(prometheus_bin, prometheus_yml, tmp_path) as (url, log):
                 async with httpx.AsyncClient(base_url=url, timeout=5, trust_env=False) as http:
-                    prom = Prometheus(http, log)
+                    prom = Prometheus(http, log, jobs, sources)
                     await wait_until_scraped(prom, node_label)
                     yield prom
 
@@ -224,29 +292,55 @@ async def wait_until_scraped(prom: Prometheus, node_label: str = "Hostname") -> 
     async def ready() -> str:
         # At settled() already, so that the checks evaluated there see every series.
         when = settled()
-        gpus = {
-            s["metric"][node_label]: float(s["value"][1])
-            for s in await prom.at(
-                f'count by ({node_label}) (DCGM_FI_DEV_GPU_UTIL{{job="{UNIFIED_JOB}"}})', when
-            )
-        }
-        if gpus != dict.fromkeys(NODES, float(GPUS)):
-            return f"GPUs per node {gpus}"
-        pods = {
-            s["metric"]["NodeName"]
-            for s in await prom.at(
-                'count by (NodeName) (DCGM_CUSTOM_PROCESS_MEM_USED{PodName!=""})', when
-            )
-        }
-        if pods != set(NODES):
-            return f"nodes with GPU processes in pods {pods}"
+        for job in prom.jobs:
+            gpus = {
+                s["metric"].get(node_label, ""): float(s["value"][1])
+                for s in await prom.at(
+                    f'count by ({node_label}) (DCGM_FI_DEV_GPU_UTIL{{job="{job}"}})', when
+                )
+            }
+            if gpus != dict.fromkeys(NODES, float(GPUS)):
+                return f"GPUs per node through job {job}: {gpus}"
+            pods = {
+                s["metric"]["NodeName"]
+                for s in await prom.at(
+                    f'count by (NodeName) (DCGM_CUSTOM_PROCESS_MEM_USED{{job="{job}",'
+                    'PodName!=""})',
+                    when,
+                )
+            }
+            if pods != set(NODES):
+                return f"nodes with GPU processes in pods through job {job}: {pods}"
         # Two scrapes at least, so range functions ($__rate_interval) have two samples.
-        samples = await prom.query("min(count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]))")
+        samples = await prom.at("min(count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]))", when)
         if not samples or float(samples[0]["value"][1]) < 2:
             return f"samples per GPU series {samples}"
         return ""
 
     await prom.until("GPU and pod series of both nodes", ready, end)
+
+
+Published = dict[str, list[dict[str, str]]]  # name -> each series' labels and "value"
+
+
+async def published(url: str) -> Published:
+    """Every sample of the ``/metrics`` at ``url``, named as Prometheus stores it (a
+    counter without ``_total`` keeps its name), in the shape of :meth:`Prometheus.raw`."""
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        r = await client.get(url)
+        r.raise_for_status()
+    out: Published = {}
+    for line in r.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = SAMPLE.fullmatch(line)
+        assert m, f"not a sample line of the text format: {line!r}"
+        labels = {
+            k: re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1), v)
+            for k, v in LABEL.findall(m.group("labels") or "")
+        }
+        out.setdefault(m.group("name"), []).append(labels | {"value": m.group("value")})
+    return out
 
 
 def settled() -> float:

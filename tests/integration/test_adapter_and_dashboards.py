@@ -25,19 +25,23 @@ from typing import Any
 import pytest
 
 from tests.integration.adapter_support import (
+    BOTH,
     DEPLOY,
     GPUS,
     NODES,
     Prometheus,
+    Published,
     Rule,
     gpu_key,
     load_yaml,
     parse_rules,
+    published,
     relabelled,
     running_fleet,
     settled,
     share_pod,
 )
+from tests.integration.test_prometheus_e2e import PROXIED_JOB, UNIFIED_JOB
 
 RULES = DEPLOY / "prometheus-adapter" / "rules.yaml"
 HPA = DEPLOY / "kubernetes" / "hpa-gpu-example.yaml"
@@ -54,6 +58,7 @@ EXPECTED_RULES = {
     "DCGM_CUSTOM_PROCESS_GPU_MEM_USED_RATIO": {"namespace": "NamespaceName", "pod": "PodName"},
 }
 RATIO = "DCGM_CUSTOM_PROCESS_GPU_MEM_USED_RATIO"
+FB = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")  # a GPU's total
 
 # Device panels must work on a stock dcgm-exporter: only its labels.
 DCGM_EXPORTER_LABELS = {"Hostname", "gpu", "UUID", "modelName"}
@@ -262,16 +267,22 @@ def aggregate(rule: Rule, values: list[float]) -> float:
     return sum(values)
 
 
-async def check_adapter_rules(prom: Prometheus, node_label: str) -> None:
+async def check_adapter_rules(
+    prom: Prometheus, node_label: str, truth: Published | None = None
+) -> None:
+    """Each rule's value, rendered for nodes, namespaces and pods, equals its aggregate
+    computed here from the raw series: those in Prometheus, or ``truth`` (what the gateway
+    published on its /metrics, when Prometheus holds every series twice). Every value is
+    checked before the test fails, so its message lists all that are wrong."""
     rules = adapter_rules(node_label)
     when = settled()
-    raw = await prom.raw(
-        {r.series for r in rules}
-        | {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"},
-        when,
-    )
+    names = {r.series for r in rules} | set(FB)
+    if truth is None:
+        raw = await prom.raw(names, when)
+    else:
+        raw = {name: truth.get(name, []) for name in names}
     totals: dict[tuple[str, str, str], float] = {}
-    for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"):
+    for name in FB:
         for s in raw[name]:
             key = gpu_key(s, node_label)
             totals[key] = totals.get(key, 0.0) + float(s["value"])
@@ -300,6 +311,7 @@ async def check_adapter_rules(prom: Prometheus, node_label: str) -> None:
         "pod": [(shared, "ml-serving"), (serving, "ml-serving")],
     }
     checked = 0
+    wrong: list[str] = []
     for rule in rules:
         # Discovery: the seriesQuery finds series that carry every mapped label.
         found = await prom.series(rule.series_query)
@@ -320,12 +332,15 @@ async def check_adapter_rules(prom: Prometheus, node_label: str) -> None:
                     f"want {sorted(want)}\n{query}"
                 )
                 for obj, value in want.items():
-                    assert math.isclose(got[obj], value, rel_tol=1e-9), (
-                        f"{rule.name} of {resource} {obj}: {got[obj]}, want {value}\n{query}"
-                    )
+                    if not math.isclose(got[obj], value, rel_tol=1e-9):
+                        wrong.append(
+                            f"{rule.name} of {resource} {obj}: {got[obj]:g}, want {value:g}"
+                            f"\n  {query}"
+                        )
                     if rule.name == RATIO:
                         assert 0 < got[obj] < 1, (obj, got[obj])
                 checked += 1
+    assert not wrong, f"{len(wrong)} adapter rule values wrong:\n" + "\n".join(wrong)
     assert checked == sum(len(cases[r]) for rule in rules for r in rule.labels)
 
 
@@ -427,3 +442,310 @@ async def check_ratio_panel(prom: Prometheus, expr: str, node_label: str) -> Non
         adapter = await prom.at(rule.render("pod", [pod], namespace), when)
         assert len(adapter) == 1, adapter
         assert math.isclose(float(adapter[0]["value"][1]), panel[namespace, pod], rel_tol=1e-9)
+
+
+# --- both scrape paths at once ------------------------------------------------------------------
+#
+# deploy/prometheus/prometheus.yml scrapes every series an agent exports twice: from the
+# gateway's unified /metrics (job edge-gpu) and from the agent's own exporter through the
+# gateway (job edge-gpu-proxied). Every query must still give one answer, the one the
+# agent published, never the sum of the two copies.
+
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+COMPAT = DEPLOY / "prometheus" / "per-container-exporter-compat.rules.yml"
+# The agents' collection interval here: one collection, then nothing changes while the
+# test compares what Prometheus holds with what the gateway and the agents publish.
+STILL = 600.0
+MIB = 1048576
+NODE = "edge-a"  # the node dashboard's $node
+RULES_DEADLINE = 20.0  # Prometheus ready -> every rule group evaluated
+
+
+@pytest.mark.parametrize("node_label", ["Hostname", "hostname"])
+async def test_both_scrape_paths_give_one_answer(
+    prometheus_bin: Path, pod_on_two_gpus: None, tmp_path: Path, node_label: str
+) -> None:
+    """The shipped prometheus.yml (both jobs), the adapter rules, the dashboards, the
+    recording and the alert rules in one real Prometheus, against what the gateway's and
+    the agents' /metrics publish:
+
+    * every series an agent exports is stored once per job, with the same labels but for
+      ``job`` and ``instance`` (so ``max without (job, instance)`` makes it one again),
+      and a device or process value is the published one through both;
+    * every adapter rule gives the value computed from the gateway's /metrics;
+    * every dashboard query gives the answer it gives on either job alone, and the pod
+      panels the pods' sums computed from the gateway's /metrics;
+    * used_gpu_memory (the exporter-compat recording rule) is ours x 1048576 per process;
+    * every alert rule evaluates, and every label its text names is on its series
+      through both jobs.
+
+    ``hostname``: gateway and agents with ``node_label = "hostname"``, every shipped file
+    run through the operator guide's sed ("The node label")."""
+    async with running_fleet(
+        prometheus_bin,
+        tmp_path,
+        node_label=node_label,
+        config=BOTH,
+        interval_seconds=STILL,
+        rule_files=(COMPAT, ALERTS),
+    ) as prom:
+        assert prom.jobs == (UNIFIED_JOB, PROXIED_JOB)
+        gateway = await published(prom.sources["gateway"])
+        agents = {node: await published(prom.sources[node]) for node in NODES}
+        problems = await check_one_series_per_source(prom, gateway, agents)
+        problems += await check_dashboards_give_one_answer(prom, gateway, node_label)
+        problems += await check_recording_rule(prom, gateway)
+        problems += await check_alert_rules(prom, node_label)
+        try:
+            await check_adapter_rules(prom, node_label, truth=gateway)
+        except AssertionError as exc:
+            problems.append(str(exc))
+        assert not problems, f"{len(problems)} wrong with both jobs:\n" + "\n".join(problems)
+
+
+def without_value(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
+    """A published series' labels as Prometheus stores them: no value, no empty label."""
+    return frozenset((k, v) for k, v in labels.items() if k != "value" and v)
+
+
+async def check_one_series_per_source(
+    prom: Prometheus, gateway: Published, agents: dict[str, Published]
+) -> list[str]:
+    """Each series of an agent's exporter is in Prometheus twice, once per job, with the
+    labels the gateway publishes it with (the node stamped), nothing more; a device or
+    process value is the same on the agent's and the gateway's /metrics, and stored
+    through both jobs."""
+    when = settled()
+    problems: list[str] = []
+    names = sorted({name for body in agents.values() for name in body})
+    assert any(n.startswith("DCGM_CUSTOM_PROCESS_") for n in names), names
+    for name in names:
+        want = {without_value(s): float(s["value"]) for s in gateway.get(name, [])}
+        assert want, f"{name}: on an agent's /metrics, not on the gateway's"
+        counted = {
+            frozenset(s["metric"].items()): s["value"][1]
+            for s in await prom.at(f'count without (job, instance) ({{__name__="{name}"}})', when)
+        }
+        if set(counted) != set(want):
+            extra = [dict(k) for k in set(counted) - set(want)]
+            missing = [dict(k) for k in set(want) - set(counted)]
+            problems.append(
+                f"{name}: {len(counted)} label sets but job and instance, want {len(want)}"
+                f" (the gateway's); not published {extra[:2]}; not stored {missing[:2]}"
+            )
+            continue
+        if any(count != "2" for count in counted.values()):
+            problems.append(f"{name}: series per label set {sorted(set(counted.values()))}")
+        if not name.startswith("DCGM_"):
+            continue  # the agent's own counters move between its exporter and its pushes
+        for node, body in agents.items():
+            for series in body.get(name, []):
+                labels = without_value(series)
+                if labels not in want or float(series["value"]) != want[labels]:
+                    problems.append(
+                        f"{name}{dict(labels)}: {series['value']} on {node}'s /metrics, "
+                        f"{want.get(labels)} on the gateway's"
+                    )
+        for agg in ("min", "max"):
+            for s in await prom.at(f'{agg} without (job, instance) ({{__name__="{name}"}})', when):
+                labels = frozenset(s["metric"].items())
+                if not math.isclose(float(s["value"][1]), want[labels], rel_tol=1e-9):
+                    problems.append(
+                        f"{name}{dict(labels)}: {agg} over the jobs {s['value'][1]}, "
+                        f"published {want[labels]:g}"
+                    )
+    return problems
+
+
+def only_job(expr: str, job: str) -> str:
+    """``expr`` with every series selector restricted to ``job`` (they all have braces)."""
+    return re.sub(r"\b([A-Za-z_:][\w:]*)\{", rf'\1{{job="{job}",', expr)
+
+
+async def carries(prom: Prometheus, job: str, expr: str, when: float) -> bool:
+    """Whether ``job`` has series of every metric ``expr`` reads."""
+    for metric in set(re.findall(r"\b([A-Za-z_:][\w:]*)\{", expr)):
+        if not await prom.at(f'{metric}{{job="{job}"}}', when):
+            return False
+    return True
+
+
+def answer(result: list[dict[str, Any]]) -> dict[frozenset[tuple[str, str]], float]:
+    return {frozenset(s["metric"].items()): float(s["value"][1]) for s in result}
+
+
+def same(a: dict[Any, float], b: dict[Any, float]) -> bool:
+    return set(a) == set(b) and all(math.isclose(a[k], b[k], rel_tol=1e-9) for k in a)
+
+
+def show(a: dict[frozenset[tuple[str, str]], float]) -> str:
+    return "{" + ", ".join(f"{dict(sorted(k))}: {v:g}" for k, v in sorted(a.items(), key=str)) + "}"
+
+
+def pod_truth(gateway: Published, node_label: str) -> dict[str, dict[Any, float]]:
+    """What the node dashboard's pod panels (for NODE) and the cluster dashboard's top
+    pods must show, computed from the process and device series the gateway publishes."""
+    procs = gateway["DCGM_CUSTOM_PROCESS_MEM_USED"]
+    sm = gateway["DCGM_CUSTOM_PROCESS_SM_UTIL"]
+    totals: dict[tuple[str, str, str], float] = {}
+    for name in FB:
+        for s in gateway.get(name, []):
+            key = gpu_key(s, node_label)
+            totals[key] = totals.get(key, 0.0) + float(s["value"])
+
+    def per_pod(series: list[dict[str, str]], labels: tuple[str, ...]) -> dict[Any, float]:
+        out: dict[Any, float] = {}
+        for s in series:
+            if s.get("PodName") and (s["NodeName"] == NODE or "NodeName" in labels):
+                key = frozenset((k, s[k]) for k in labels)
+                out[key] = out.get(key, 0.0) + float(s["value"])
+        return out
+
+    pod = ("NamespaceName", "PodName")
+    memory = per_pod(procs, pod)
+    gpus: dict[Any, set[tuple[str, str, str]]] = {}
+    for s in procs:
+        if s.get("PodName") and s["NodeName"] == NODE:
+            of = frozenset((k, s[k]) for k in pod)
+            gpus.setdefault(of, set()).add(gpu_key(s, "NodeName"))
+    everywhere = per_pod(procs, ("NodeName", *pod))
+    top = dict(sorted(everywhere.items(), key=lambda kv: -kv[1])[:10])
+    return {
+        "SM utilisation by pod": per_pod(sm, pod),
+        "GPU memory by pod": memory,
+        "GPU memory ratio by pod": {
+            k: v / sum(totals[g] for g in gpus[k]) for k, v in memory.items()
+        },
+        "Top pods by GPU memory": top,
+        "GPU processes": {frozenset(): float(sum(1 for s in procs if s["NodeName"] == NODE))},
+    }
+
+
+async def check_dashboards_give_one_answer(
+    prom: Prometheus, gateway: Published, node_label: str
+) -> list[str]:
+    """Every panel query gives, with both jobs stored, the answer it gives on each job
+    alone (where that job has its series), and so does the query with every ``sum`` and
+    ``avg`` replaced by ``count``: a value of 0 (the spool panels here: nothing waits in a
+    spool) cannot show that a sum adds both copies, their count can. The pod panels give
+    the pods' sums computed from the gateway's /metrics."""
+    when = settled()
+    truth = pod_truth(gateway, node_label)
+    problems: list[str] = []
+    checked: set[str] = set()
+    for name, dashboard in dashboards(node_label).items():
+        variables = dict(BUILTINS, datasource="unused")
+        for v in dashboard["templating"]["list"]:
+            if v["type"] == "datasource":
+                continue
+            if v["name"] == "node" and not v.get("multi"):
+                variables["node"] = NODE
+            else:
+                variables[v["name"]] = v.get("allValue") or ".*"
+        for title, target in targets(dashboard):
+            expr = substitute(target["expr"], variables)
+            what = f"{name} {title!r}"
+            got = answer(await prom.at(expr, when))
+            if not got:
+                problems.append(f"{what}: no data: {expr}")
+                continue
+            problems += await as_on_one_job(prom, what, expr, when)
+            counted = re.sub(r"\b(?:sum|avg)\b", "count", expr)
+            if counted != expr:
+                problems += await as_on_one_job(prom, f"{what} (counted)", counted, when)
+            if title in truth and (title != "GPU processes" or expr.startswith("count(")):
+                checked.add(title)
+                if not same(got, truth[title]):
+                    problems.append(
+                        f"{what}: {show(got)}, published {show(truth[title])}\n  {expr}"
+                    )
+    assert checked == set(truth), f"panels not found: {set(truth) - checked}"
+    return problems
+
+
+async def as_on_one_job(prom: Prometheus, what: str, expr: str, when: float) -> list[str]:
+    """``expr`` answers as it does with its selectors restricted to each job alone, where
+    that job has the series and an answer (one of them at least)."""
+    got = answer(await prom.at(expr, when))
+    problems = []
+    compared = 0
+    for job in prom.jobs:
+        if not await carries(prom, job, expr, when):
+            continue  # e.g. gpurelay_node_*: the gateway's own, unified only
+        alone = answer(await prom.at(only_job(expr, job), when))
+        if not alone:
+            continue  # e.g. increase() of a counter the gateway has one sample of
+        compared += 1
+        if not same(got, alone):
+            problems.append(f"{what}: {show(got)}, on job {job} alone {show(alone)}\n  {expr}")
+    if not compared:
+        problems.append(f"{what}: no job alone answers {expr}")
+    return problems
+
+
+async def check_recording_rule(prom: Prometheus, gateway: Published) -> list[str]:
+    """used_gpu_memory: one series per job and process, ours x 1048576 through both."""
+    want = {
+        (s["NodeName"], s["ProcessId"]): float(s["value"]) * MIB
+        for s in gateway["DCGM_CUSTOM_PROCESS_MEM_USED"]
+    }
+
+    async def recorded() -> str:
+        counts = await prom.query("count without (job, instance) (used_gpu_memory)")
+        per_process = {s["value"][1] for s in counts}
+        return "" if len(counts) == len(want) and per_process == {"2"} else f"{counts}"
+
+    await prom.until(
+        "used_gpu_memory of every process through both jobs", recorded, rules_deadline()
+    )
+    problems = []
+    for agg in ("min", "max"):
+        got = {
+            (s["metric"]["NodeName"], s["metric"]["pid"]): float(s["value"][1])
+            for s in await prom.at(f"{agg} without (job, instance) (used_gpu_memory)", settled())
+        }
+        if not same(got, want):
+            problems.append(f"used_gpu_memory, {agg} over the jobs: {got}, published {want}")
+    return problems
+
+
+def rules_deadline() -> float:
+    return time.monotonic() + RULES_DEADLINE
+
+
+async def check_alert_rules(prom: Prometheus, node_label: str) -> list[str]:
+    """Every alert rule evaluates; every label its text names (``$labels.X``) is set on
+    every series of the metrics it reads, through both jobs, so an alert from either
+    names its node (and GPU, reason, ...)."""
+
+    async def evaluated() -> str:
+        r = await prom.client.get("/api/v1/rules")
+        r.raise_for_status()
+        groups = r.json()["data"]["groups"]
+        rules = [rule for g in groups for rule in g["rules"]]
+        late = [x["name"] for x in rules if x["lastEvaluation"].startswith("0001-")]
+        if late or not rules:
+            return f"not evaluated yet: {late}"
+        bad = [f"{x['name']}: {x.get('lastError')}" for x in rules if x["health"] != "ok"]
+        assert not bad, bad
+        return ""
+
+    await prom.until("every rule evaluated", evaluated, rules_deadline())
+    when = settled()
+    problems = []
+    (doc,) = load_yaml(ALERTS, node_label)
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            text = json.dumps([rule.get("labels", {}), rule.get("annotations", {})])
+            named = set(re.findall(r"\$labels\.(\w+)", text))
+            for metric in sorted(set(re.findall(r"\b(?:DCGM|gpurelay)_\w+", rule["expr"]))):
+                for job in prom.jobs:
+                    for s in await prom.at(f'{metric}{{job="{job}"}}', when):
+                        unset = sorted(x for x in named if not s["metric"].get(x))
+                        if unset:
+                            problems.append(
+                                f"alert {rule['alert']} on {metric} of job {job}: "
+                                f"no {', '.join(unset)} in {s['metric']}"
+                            )
+                            break
+    return problems
