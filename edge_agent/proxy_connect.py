@@ -5,7 +5,7 @@ proxy to open a TCP tunnel to the gateway (``CONNECT gw:2222 HTTP/1.1``) and run
 it; the proxy sees only the SSH handshake's ciphertext. The head of the proxy's answer is
 read with ``MSG_PEEK`` so that not one byte after it leaves the kernel's buffer: the
 gateway's SSH banner often arrives in the same segment as ``200``, and the connected socket
-is handed as it is to ``asyncssh.connect(sock=...)``.
+is handed as it is to asyncssh (through :mod:`edge_agent.tunnel_greeting`).
 
 Which proxy: ``proxy = "http://[USER:PASSWORD@]HOST:PORT"``, or ``"env"`` for
 ``https_proxy``/``HTTPS_PROXY`` then ``all_proxy``/``ALL_PROXY``, or ``""`` (the default):

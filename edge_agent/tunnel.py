@@ -56,6 +56,7 @@ from edge_agent.errors import AgentError
 from edge_agent.outbox import Dispatch, Outbox
 from edge_agent.proxy_connect import ProxyError, log_route, proxy_route
 from edge_agent.renew import Renewer
+from edge_agent.tunnel_greeting import Greeting
 from edge_agent.tunnel_inbound import Inbound
 from edge_agent.tunnel_stats import TUNNEL_FAMILIES, TunnelStats
 from edge_agent.tunnel_types import (
@@ -329,6 +330,7 @@ class Tunnel:
         self, host: str, port: int, sock: socket.socket
     ) -> asyncssh.SSHClientConnection:
         """SSH over the dialled socket: key exchange, host key check, login."""
+        greeting = Greeting(sock)  # what answered, should it not be an SSH server
         try:
             # asyncio.timeout, not wait_for: wait_for (3.11) drops a cancellation that
             # comes as the login ends, and the agent never stops (gpurelay.tasks)
@@ -336,7 +338,7 @@ class Tunnel:
                 conn = await asyncssh.connect(
                     host,
                     port,
-                    sock=sock,
+                    tunnel=greeting,
                     username=self._node,
                     client_keys=[(self._key, self._cert)],
                     known_hosts=self._known_hosts,
@@ -371,8 +373,11 @@ class Tunnel:
                 "or <host_key>-cert.pub on the gateway); or pin the gateway's host key instead"
             ) from exc
         except (OSError, TimeoutError, asyncssh.Error) as exc:
-            self.stats.fail("connect", str(exc))
-            raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc
+            reason, why = greeting.failure(
+                show((host, port)), self._cfg.connect_timeout_seconds, exc
+            )
+            self.stats.fail(reason, why)
+            raise TunnelError(why) from exc
         return conn
 
     async def _offer_endpoints(self, conn: asyncssh.SSHClientConnection) -> None:
