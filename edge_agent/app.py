@@ -425,6 +425,12 @@ class Agent:
         if self._alarm is not None:
             _resolve(self._alarm, False)
 
+    def collect_now(self) -> None:
+        """Have the running loop collect (and push) at once, then every interval from
+        then on: for a test or tool that decides when a collection happens."""
+        self._next_at = time.monotonic()
+        self._interrupt()
+
     async def run(self) -> None:
         assert self.pipeline is not None
         self._next_at = time.monotonic() + self.cfg.interval_seconds
