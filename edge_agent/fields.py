@@ -141,16 +141,21 @@ class FieldSource:
 
 
 def _gpm(
-    metric: int, scale: float, *, mig: bool = False, other: Reader | None = None
+    metric: int,
+    scale: float = 1.0,
+    *,
+    per: float = 1.0,
+    mig: bool = False,
+    other: Reader | None = None,
 ) -> FieldSource:
-    """A field from NVML GPM ``metric`` times ``scale``; where the GPU has no GPM, from
+    """A field from NVML GPM ``metric`` times ``scale`` over ``per``; where the GPU has no GPM, from
     ``other`` if given (else NOT_SUPPORTED)."""
 
     def read(p: Probe) -> float:
         if other is not None and not p.has_gpm:
             return other(p)
         try:
-            return p.gpm(metric) * scale
+            return p.gpm(metric) * scale / per
         except pynvml.NVMLError:
             if other is not None and not p.has_gpm:  # sampling was just given up
                 return other(p)
@@ -238,7 +243,8 @@ def _xid(probe: Probe) -> float:
 _C = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
 _U = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 _TX, _RX = pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES
-_PERCENT = 0.01  # GPM activity is in percent, DCGM's profiling fields are ratios (0-1)
+_PERCENT = 100.0  # GPM activity is in percent, DCGM's profiling fields are ratios (0-1):
+# divided, so that 70 % is 0.7 exactly (70 * 0.01 is 0.7000000000000001)
 _ALL_LINKS = 0xFFFFFFFF  # field value scope: every NVLink of the GPU
 _NVLINK_DATA_ALL_LINKS = (
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
@@ -281,16 +287,18 @@ SOURCES: dict[str, FieldSource] = {
     ),
     # DCGM's profiling fields from NVML GPM, as DCGM maps them (DcgmFieldIdToNvmlGpmMetricId);
     # the activity fields per GPU instance too, PCIe and NVLink per GPU only.
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, _PERCENT, mig=True),
-    "DCGM_FI_PROF_SM_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_SM_UTIL, _PERCENT, mig=True),
-    "DCGM_FI_PROF_SM_OCCUPANCY": _gpm(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, _PERCENT, mig=True),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _gpm(
-        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, _PERCENT, mig=True
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _gpm(
+        pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, per=_PERCENT, mig=True
     ),
-    "DCGM_FI_PROF_DRAM_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, _PERCENT, mig=True),
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP64_UTIL, _PERCENT, mig=True),
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP32_UTIL, _PERCENT, mig=True),
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP16_UTIL, _PERCENT, mig=True),
+    "DCGM_FI_PROF_SM_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_SM_UTIL, per=_PERCENT, mig=True),
+    "DCGM_FI_PROF_SM_OCCUPANCY": _gpm(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, per=_PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _gpm(
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, per=_PERCENT, mig=True
+    ),
+    "DCGM_FI_PROF_DRAM_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, per=_PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP64_UTIL, per=_PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP32_UTIL, per=_PERCENT, mig=True),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": _gpm(pynvml.NVML_GPM_METRIC_FP16_UTIL, per=_PERCENT, mig=True),
     "DCGM_FI_PROF_NVLINK_TX_BYTES": _gpm(pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, MIB),
     "DCGM_FI_PROF_NVLINK_RX_BYTES": _gpm(pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, MIB),
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": FieldSource(_nvlink_total),
