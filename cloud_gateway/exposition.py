@@ -50,14 +50,13 @@ from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
 from cloud_gateway.exposition_lines import TEXT_LINES  # noqa: F401 (its users import it here)
 from cloud_gateway.exposition_pieces import Piece, pack, pack_parallel, versions_of
 from cloud_gateway.exposition_shards import ShardCache
-from gpurelay.bie import BieNode, node_summary
 from gpurelay.exposition import (
     format_labels,
     format_value,
     openmetrics_header,
     text_header,
 )
-from gpurelay.model import MIB, Family, GpuInventory, Sample
+from gpurelay.model import Family, Sample
 
 if TYPE_CHECKING:  # the registry imports this module for TEXT_LINES
     from cloud_gateway.registry import Registry
@@ -479,46 +478,3 @@ def _node_lines(live: Liveness, node_label: str) -> tuple[bytes, bytes, bytes, b
     if live.late_after is not None:
         late = f"{NODE_LATE_AFTER.name}{labels} {format_value(round(live.late_after, 3))}\n"
     return up, state, seen.encode(), late.encode()
-
-
-def bie_document(registry: Registry, now: float) -> dict[str, BieNode]:
-    """``{node: summary}`` for every *online* node, as the agent's ``/v1/collect``.
-
-    Devices are the GPUs of the node's hello (physical GPUs; MIG instances are not
-    devices). Used memory is the node's latest ``DCGM_FI_DEV_FB_USED`` of the GPU (the
-    series without a ``GPU_I_ID``, matched by ``UUID``), MiB turned into bytes; total is
-    the hello's exact byte count, or ``FB_USED + FB_FREE + FB_RESERVED`` where the hello
-    had none (a GPU that was lost at connect). Without FB values the hello's figures stand.
-    """
-    return {
-        view.name: node_summary(current_gpus(registry, view.name, view.gpus))
-        for view in registry.nodes(now, state="online")
-    }
-
-
-def current_gpus(registry: Registry, node: str, gpus: Sequence[GpuInventory]) -> list[GpuInventory]:
-    fb = {fam: _by_uuid(registry, node, fam) for fam in ("USED", "FREE", "RESERVED")}
-    out = []
-    for gpu in gpus:
-        used = fb["USED"].get(gpu.uuid)
-        if used is None:
-            out.append(gpu)
-            continue
-        total = gpu.memory_total_bytes
-        if total <= 0:
-            parts = [fb[fam].get(gpu.uuid) for fam in ("USED", "FREE", "RESERVED")]
-            total = round(sum(p for p in parts if p is not None) * MIB)
-        out.append(
-            dataclasses.replace(gpu, memory_used_bytes=round(used * MIB), memory_total_bytes=total)
-        )
-    return out
-
-
-def _by_uuid(registry: Registry, node: str, field: str) -> dict[str, float]:
-    """Latest ``DCGM_FI_DEV_FB_<field>`` (MiB) of each physical GPU, by UUID."""
-    out = {}
-    for labels, value in registry.latest(node, f"DCGM_FI_DEV_FB_{field}"):
-        d = dict(labels)
-        if not d.get("GPU_I_ID") and "UUID" in d:
-            out[d["UUID"]] = value
-    return out

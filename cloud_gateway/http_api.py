@@ -30,9 +30,10 @@ from cloud_gateway.api_models import (
     TargetGroup,
     gpu,
 )
+from cloud_gateway.bie_view import bie_document
 from cloud_gateway.cert_expiry import CertificateExpiry
 from cloud_gateway.endpoints import EndpointTable
-from cloud_gateway.exposition import Body, bie_document
+from cloud_gateway.exposition import Body
 from cloud_gateway.fleet_documents import (
     entry_document,
     gateway_document,

@@ -138,7 +138,7 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
 
 
 def _once(cfg: AgentConfig, fmt: str) -> None:
-    from edge_agent.app import build_pipeline, open_backend
+    from edge_agent.pipeline import build_pipeline, open_backend
 
     pipeline = build_pipeline(open_backend(cfg))
     try:

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edge_agent import simhost, simkubelet
-from edge_agent.app import Backend, Pipeline, build_pipeline
 from edge_agent.config import AgentConfig, load
 from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.pipeline import Backend, Pipeline, build_pipeline
 from gpurelay.model import Snapshot
 
 FIXED_TIME = 1_790_000_000.0

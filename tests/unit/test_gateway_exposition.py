@@ -15,6 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from cloud_gateway.bie_view import bie_document
 from cloud_gateway.exposition import (
     NODE_LAST_SEEN,
     NODE_LATE_AFTER,
@@ -22,7 +23,6 @@ from cloud_gateway.exposition import (
     NODE_UP,
     TEXT_LINES,
     Exposition,
-    bie_document,
     header,
 )
 from cloud_gateway.registry import Registry, RegistryConfig, stamp_node

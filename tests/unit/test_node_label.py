@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway import config as gateway_config
+from cloud_gateway.bie_view import bie_document
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.exposition import Exposition, bie_document
+from cloud_gateway.exposition import Exposition
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.node_labels import stamp_node
 from cloud_gateway.registry import Registry, RegistryConfig

@@ -17,9 +17,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from edge_agent.app import Pipeline
 from edge_agent.config import load
 from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.pipeline import Pipeline
 from gpurelay.bie import collect_document
 from gpurelay.model import MIB, Snapshot
 from harness.pipeline import FakeClock, make_pipeline

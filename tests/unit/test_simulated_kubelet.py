@@ -97,7 +97,7 @@ _AGENT_BUILDS_AND_COLLECTS = """
 import dataclasses, sys
 from pathlib import Path
 from edge_agent import simhost, simkubelet
-from edge_agent.app import Backend, build_pipeline
+from edge_agent.pipeline import Backend, build_pipeline
 from edge_agent.config import load
 from edge_agent.nvml.simulator import SimulatedNvml
 

@@ -16,12 +16,12 @@ import pynvml
 import pytest
 
 from edge_agent import cli
-from edge_agent.app import open_backend
 from edge_agent.config import SimulateConfig, load
 from edge_agent.errors import ConfigError
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.nvml.profiles import PROFILES
 from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.pipeline import open_backend
 from harness.pipeline import FakeClock
 
 
