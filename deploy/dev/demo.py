@@ -120,6 +120,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
     sys.exit(f"demo: {what} did not become ready at {url}")
 
 
+SIMULATED_PROFILE = "h100-sxm"  # without a GPU (edge_agent/nvml/profiles.py)
+
+
 def main() -> int:
     for port in (SSH_PORT, HTTP_PORT, AGENT_PORT):
         if not port_free(port):
@@ -127,8 +130,14 @@ def main() -> int:
     ca = ensure_pki()
     gateway_cfg, agent_cfg = write_configs(ca)
     agent_args = [str(BIN / "edge-agent"), "run", "--config", str(agent_cfg)]
+    gpus = "this box's GPUs, through NVML"
     if not has_gpu():
-        agent_args += ["--simulate", "2", "--simulate-mig"]
+        agent_args += ["--simulate", f"{SIMULATED_PROFILE}:2", "--simulate-mig"]
+        gpus = (
+            f"SIMULATED: 2 GPUs of machine profile {SIMULATED_PROFILE}, MIG on GPU 0 "
+            "(3g.40gb, 2g.20gb, 1g.10gb); other machines: edge-agent --simulate PROFILE, "
+            "docs/simulator.md"
+        )
     gateway = subprocess.Popen([str(BIN / "cloud-gateway"), "run", "--config", str(gateway_cfg)])
     procs = [gateway]
     try:
@@ -140,6 +149,7 @@ def main() -> int:
         print(
             f"""
 === edge-gpu-relay demo: gateway and agent {NODE!r} on loopback ===
+GPUs:                          {gpus}
 gateway /metrics (all nodes):  curl -s http://127.0.0.1:{HTTP_PORT}/metrics | grep 'Hostname="{NODE}"' | head
 BIE map of all nodes:          curl -s http://127.0.0.1:{HTTP_PORT}/v1/collect
 operator API:                  curl -s -H "Authorization: Bearer $(cat {token})" http://127.0.0.1:{HTTP_PORT}/api/v1/nodes

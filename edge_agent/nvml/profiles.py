@@ -79,7 +79,7 @@ class MachineProfile:
 
 _H100 = MachineProfile(
     name="h100-sxm",
-    summary="8x H100 SXM5 80GB on driver R550 (NVML 12.550): every call answers",
+    summary="H100 SXM5 80GB, 8 by default, on driver R550 (NVML 12.550): every call answers",
     model="NVIDIA H100 80GB HBM3",
     gpus=8,
     driver_version="550.54.15",
