@@ -15,7 +15,6 @@ from typing import Any
 from edge_agent import __version__
 from edge_agent.config import AgentConfig, SimulateConfig, load, resolve_node_name
 from edge_agent.errors import AgentError, ConfigError
-from edge_agent.nvml.profiles import PROFILES
 from gpurelay import logs
 from gpurelay.bie import collect_document
 from gpurelay.exposition import render_text
@@ -32,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
         "--simulate",
         metavar="N|PROFILE[:N]",
         help="simulated GPUs: N of the default machine (h100-sxm), or a machine profile "
-        f"({', '.join(sorted(PROFILES))}) with its own GPU count or N",
+        "(h100-sxm, h100-mig, a100-mig, rtx-4090, r470, h100-nocaps: docs/simulator.md) "
+        "with its own GPU count or N",
     )
     common.add_argument("--simulate-seed", type=int, metavar="SEED")
     common.add_argument("--simulate-mig", action="store_true", help="GPU 0 in MIG mode")
@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _simulate(sim: SimulateConfig, value: str) -> SimulateConfig:
     """``--simulate``: ``N``, ``PROFILE`` or ``PROFILE:N``."""
+    from edge_agent.nvml.profiles import PROFILES  # pynvml: not for --version or a config
+
     name, _, count = value.rpartition(":") if ":" in value else ("", "", value)
     if not count.isdigit():
         name, count = value, ""

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.errors import ConfigError
-from edge_agent.nvml.profiles import PROFILES
 from edge_agent.proxy_connect import proxy_route
 from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
@@ -305,6 +304,18 @@ def _validate_pod_resources(cfg: AgentConfig) -> None:
         )
 
 
+def _validate_profile(name: str) -> None:
+    # imported here: the profiles name pynvml's codes, and loading a config (the installer
+    # checks the one it writes) must not need pynvml
+    from edge_agent.nvml.profiles import PROFILES
+
+    if name not in PROFILES:
+        raise ConfigError(
+            f"simulate.profile {name!r} is not a machine profile "
+            f"(known: {', '.join(sorted(PROFILES))})"
+        )
+
+
 def _validate(cfg: AgentConfig) -> None:
     split_host_port(cfg.listen)
     cfg.web_config()  # a bad file is an error at load, not at the first scrape
@@ -314,11 +325,8 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("nvml_deadline_seconds must be > 0")
     if cfg.simulate.gpus < 0 or cfg.simulate.gpus > 64:
         raise ConfigError("simulate.gpus must be between 0 and 64")
-    if cfg.simulate.profile and cfg.simulate.profile not in PROFILES:
-        raise ConfigError(
-            f"simulate.profile {cfg.simulate.profile!r} is not a machine profile "
-            f"(known: {', '.join(sorted(PROFILES))})"
-        )
+    if cfg.simulate.profile:
+        _validate_profile(cfg.simulate.profile)
     _validate_pod_resources(cfg)
     if cfg.node_label not in NODE_LABEL_NAMES:
         raise ConfigError(

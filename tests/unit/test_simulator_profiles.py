@@ -211,3 +211,12 @@ def test_the_banner_names_the_profile(capsys: pytest.CaptureFixture[str]) -> Non
     banner = capsys.readouterr().err
     assert "machine profile a100-mig" in banner and "MIG on GPU 0" in banner
     assert "SIMULATED" in banner
+
+
+def test_the_help_names_every_profile() -> None:
+    """--simulate's help lists the profiles by hand (cli.py must not import pynvml: the
+    installer runs edge-agent --version in a venv it is checking)."""
+    (action,) = [a for a in cli._parser()._actions if a.dest == "command"]
+    run = action.choices["run"]  # type: ignore[index]
+    (simulate,) = [a for a in run._actions if a.dest == "simulate"]
+    assert all(name in str(simulate.help) for name in PROFILES)
