@@ -156,14 +156,6 @@ class Prometheus(PromQL):
         self.jobs = jobs
         self.sources = sources or {}
 
-    async def at(self, expr: str, when: float) -> list[dict[str, Any]]:
-        r = await self.client.get("/api/v1/query", params={"query": expr, "time": f"{when:.3f}"})
-        assert r.status_code == 200, f"{expr}\n-> {r.status_code} {r.text}"
-        doc = r.json()
-        assert doc["status"] == "success", doc
-        result: list[dict[str, Any]] = doc["data"]["result"]
-        return result
-
     async def series(self, match: str) -> list[dict[str, str]]:
         r = await self.client.get(
             "/api/v1/series", params={"match[]": match, "start": f"{time.time() - 300:.0f}"}

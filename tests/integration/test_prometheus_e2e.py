@@ -132,6 +132,15 @@ class PromQL:
         result: list[dict[str, Any]] = doc["data"]["result"]
         return result
 
+    async def at(self, expr: str, when: float) -> list[dict[str, Any]]:
+        """An instant query evaluated at ``when`` (Unix time); a failure names the query."""
+        r = await self.client.get("/api/v1/query", params={"query": expr, "time": f"{when:.3f}"})
+        assert r.status_code == 200, f"{expr}\n-> {r.status_code} {r.text}"
+        doc = r.json()
+        assert doc["status"] == "success", doc
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
     async def by(self, expr: str, label: str = "instance") -> dict[str, float]:
         """``{label value: sample value}`` of an instant query."""
         return {s["metric"].get(label, ""): float(s["value"][1]) for s in await self.query(expr)}

@@ -90,21 +90,11 @@ class Member:
         return self.truth
 
 
-class Prometheus(PromQL):
-    async def at(self, expr: str, when: float) -> list[dict[str, Any]]:
-        r = await self.client.get("/api/v1/query", params={"query": expr, "time": f"{when:.3f}"})
-        assert r.status_code == 200, f"{expr}\n-> {r.status_code} {r.text}"
-        doc = r.json()
-        assert doc["status"] == "success", doc
-        result: list[dict[str, Any]] = doc["data"]["result"]
-        return result
-
-
 @dataclass
 class Fleet:
     gateway: Gateway
     members: dict[str, Member]  # by profile
-    prometheus: Prometheus
+    prometheus: PromQL
     when: float  # evaluation time: after every job scraped the still values twice
     http: httpx.AsyncClient  # for the gateway's and the agents' own endpoints
 
@@ -237,7 +227,7 @@ async def _collect_again(m: Member) -> None:
 @asynccontextmanager
 async def _prometheus(
     binary: Path, tmp: Path, gw: Gateway, members: dict[str, Member]
-) -> AsyncIterator[Prometheus]:
+) -> AsyncIterator[PromQL]:
     token = tmp / "edge-gpu-relay.token"
     token.write_text(TOKEN + "\n")
     config = tmp / "prometheus.yml"
@@ -246,7 +236,7 @@ async def _prometheus(
     nodes = {m.node for m in members.values()}
     with running_prometheus(binary, config, tmp) as (url, log):
         async with httpx.AsyncClient(base_url=url, timeout=10, trust_env=False) as client:
-            prom = Prometheus(client, log)
+            prom = PromQL(client, log)
 
             async def scraped() -> str:
                 # Two scrapes at least (range functions need two samples) in each job.
