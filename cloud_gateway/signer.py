@@ -155,6 +155,8 @@ def _request(line: bytes) -> dict[str, Any]:
         request = json.loads(line)
     except (UnicodeDecodeError, ValueError):
         raise SigningRefused("bad request", "not a JSON line") from None
+    except RecursionError:  # '[' * 60000 fits MAX_REQUEST_BYTES
+        raise SigningRefused("bad request", "JSON nested too deeply") from None
     if not isinstance(request, dict):
         raise SigningRefused("bad request", "not a JSON object")
     for name in ("node", "public_key", "reason"):

@@ -123,6 +123,8 @@ def parse_token(text: str) -> Token:
         fields = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise TokenError("the token's payload is not JSON") from exc
+    except RecursionError:  # a few thousand '[' fit the length cap; data, not a crash
+        raise TokenError("the token's payload is JSON nested too deeply") from None
     if not isinstance(fields, dict):
         raise TokenError("the token's payload is not a JSON object")
     if set(fields) != _FIELDS:

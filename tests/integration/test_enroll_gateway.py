@@ -6,6 +6,7 @@ is counted and logged with its reason and node, and no log line ever holds the t
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import logging
@@ -151,6 +152,10 @@ async def test_a_token_gets_a_certificate_the_gateway_then_accepts(
     assert_secret_kept(caplog, token)
 
 
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
 def forged(pki: Pki, node: str) -> str:
     other = asyncssh.generate_private_key("ssh-ed25519")
     return sign_token(other, node, int(time.time()) + 3600, "ab" * 16)
@@ -164,6 +169,7 @@ def forged(pki: Pki, node: str) -> str:
         ("revoked", "enroll:edge-1", "enroll_revoked", "'edge-1' is revoked"),
         ("forged", "enroll:edge-1", "enroll_bad_signature", "not signed by a trusted user CA"),
         ("garbage", "enroll:edge-1", "enroll_bad_token", "not an enrollment token"),
+        ("deeply nested", "enroll:edge-1", "enroll_bad_token", "nested too deeply"),
         ("node user", "edge-1", "password_for_node", "nodes log in with a certificate only"),
         ("too long", "enroll:edge-1", "enroll_ttl_too_long", "enroll.token_max_ttl_seconds"),
     ],
@@ -183,6 +189,7 @@ async def test_a_bad_token_is_refused_with_its_reason(
         "other node": lambda: make_enroll_token(pki.ca.dir, "edge-2", ttl_seconds=3600)[0],
         "forged": lambda: forged(pki, "edge-1"),
         "garbage": lambda: "gpr1.not-a-token",
+        "deeply nested": lambda: "gpr1." + b64url(b"[" * 3000) + ".c2ln",
         "too long": lambda: make_enroll_token(pki.ca.dir, "edge-1", ttl_seconds=30 * 86400)[0],
     }.get(case, lambda: make_enroll_token(pki.ca.dir, "edge-1", ttl_seconds=3600)[0])()
     if case == "revoked":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import grp
 import json
+import logging
 import os
 import re
 import stat
@@ -177,6 +178,8 @@ def test_an_enroll_token_is_signed_by_the_user_ca(ca: certs.CaPaths) -> None:
     [
         (b"not json\n", "bad request"),
         (b"[1]\n", "bad request"),
+        (b"[" * 60000 + b"\n", "bad request"),
+        (b'{"node": ' * 6000 + b"\n", "bad request"),
         (b'{"node": "edge-1", "reason": "enroll", "lifetime_seconds": 60}\n', "bad request"),
         (
             b'{"node": "edge-1", "public_key": "x", "reason": "enroll", "lifetime_seconds": true}',
@@ -209,6 +212,17 @@ async def test_the_signer_answers_hostile_requests_with_an_error(
     key = new_key().export_public_key().decode().strip()
     assert await server.answer(line.replace(b"KEY", key.encode())) == {"error": error}
     assert not ca.issued_log.exists()
+
+
+async def test_deeply_nested_json_is_a_logged_bad_request_not_a_crash(
+    ca: certs.CaPaths, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24 #5: json.loads raised RecursionError, which escaped answer()."""
+    server = SignerServer(ca.dir, tmp_path / "s.sock", max_lifetime_seconds=3600)
+    with caplog.at_level(logging.WARNING):
+        assert await server.answer(b"[" * 60000 + b"\n") == {"error": "bad request"}
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said == "refused a malformed request: JSON nested too deeply"
 
 
 async def test_the_signer_over_its_socket_caps_the_lifetime(

@@ -82,6 +82,7 @@ def test_signature_by_another_ca_or_over_other_bytes_fails(ca: asyncssh.SSHKey) 
         (f"gpr1.{b64(b'not json')}.c2ln", "not JSON"),
         (f"gpr1.{b64(bytes([0xFF, 0xFE]))}.c2ln", "not JSON"),
         (token_of([1, 2]), "not a JSON object"),
+        (f"gpr1.{b64(b'[' * 3000)}.c2ln", "nested too deeply"),
         (token_of({"node": "a", "exp": 1}), "exactly node, exp and nonce"),
         (token_of({"node": "a", "exp": 1, "nonce": NONCE, "x": 1}), "exactly node, exp and nonce"),
         (token_of({"node": "", "exp": 1, "nonce": NONCE}), "node is not a node name"),
