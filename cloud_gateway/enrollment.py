@@ -30,6 +30,7 @@ from cloud_gateway.auth_policy import format_time, node_name_problem
 from cloud_gateway.directory import DirectoryError
 from cloud_gateway.directory_nonces import MemoryNonces
 from cloud_gateway.errors import GatewayConfigError, GatewayError
+from cloud_gateway.key_policy import DEFAULT_MIN_RSA_BITS, check_min_rsa_bits, check_node_key
 from cloud_gateway.login_limit import LoginLimiter
 from cloud_gateway.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.signing import (
@@ -90,12 +91,14 @@ class EnrollSection:
     signer_socket: str = ""
     lifetime_seconds: int = WEEK  # of each certificate issued; 7 days recommended
     token_max_ttl_seconds: int = WEEK  # tokens valid for longer than this are refused
+    min_rsa_bits: int = DEFAULT_MIN_RSA_BITS  # weaker RSA keys (and DSA) get no certificate
 
 
 def check_enroll(section: EnrollSection) -> None:
     for name in ("lifetime_seconds", "token_max_ttl_seconds"):
         if getattr(section, name) < MIN_LIFETIME_SECONDS:
             raise GatewayConfigError(f"enroll.{name} must be at least {MIN_LIFETIME_SECONDS}")
+    check_min_rsa_bits(section.min_rsa_bits, "enroll.min_rsa_bits")
     if section.enabled and bool(section.user_ca_key) == bool(section.signer_socket):
         raise GatewayConfigError(
             "enroll.enabled needs exactly one of enroll.user_ca_key (the gateway signs) and "
@@ -235,6 +238,7 @@ class Enrollment:
                     f"asked for {process.subsystem or process.command or 'a shell'!r} "
                     f"on an {'enrollment' if token else 'authenticated'} connection",
                 )
+            check_node_key(public_key, min_rsa_bits=self.section.min_rsa_bits)
             if token is not None:
                 await self._use(node, token, public_key)
             elif certificate is None:

@@ -37,6 +37,7 @@ import asyncssh
 
 from cloud_gateway import certs
 from cloud_gateway.errors import GatewayError
+from cloud_gateway.key_policy import DEFAULT_MIN_RSA_BITS, check_min_rsa_bits, check_node_key
 from cloud_gateway.revocation import RevocationWatcher
 from cloud_gateway.signing import Issued, SigningRefused, parse_public_key, sign_node_key
 from gpurelay import logs
@@ -63,11 +64,13 @@ class SignerServer:
         *,
         max_lifetime_seconds: int,
         group: str | None = None,
+        min_rsa_bits: int = DEFAULT_MIN_RSA_BITS,
     ) -> None:
         self.paths = certs.CaPaths(ca_dir)
         self.gid = _group_id(group) if group else None
         self.socket_path = socket_path
         self.max_lifetime = max_lifetime_seconds
+        self.min_rsa_bits = min_rsa_bits
         self.ca_key = certs._load_ca(self.paths.user_ca)
         self.revocations = RevocationWatcher(self.paths.revocations)
         self._server: asyncio.AbstractServer | None = None
@@ -128,7 +131,7 @@ class SignerServer:
         node, reason = request["node"], request["reason"]
         lifetime = min(request["lifetime_seconds"], self.max_lifetime)
         try:
-            key = parse_public_key(request["public_key"])
+            key = check_node_key(request["public_key"], min_rsa_bits=self.min_rsa_bits)
             issued: Issued = await asyncio.to_thread(
                 sign_node_key,
                 self.paths.dir,
@@ -288,6 +291,12 @@ def add_signer_parser(
     parser.add_argument(
         "--group", help="make the socket 0660 and this group's (the gateway's user's group)"
     )
+    parser.add_argument(
+        "--min-rsa-bits",
+        type=int,
+        default=DEFAULT_MIN_RSA_BITS,
+        help="refuse RSA keys shorter than this (default 3072, at least 2048); DSA never",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     parser.add_argument(
         "--log-format",
@@ -304,7 +313,7 @@ def run_signer(args: argparse.Namespace) -> int:
         print("cloud-gateway signer: error: --lifetime must be at least 60", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve_until_stopped(args.ca_dir, args.socket, args.lifetime, args.group))
+        asyncio.run(_serve_until_stopped(args))
     except GatewayError as exc:
         print(f"cloud-gateway signer: error: {exc}", file=sys.stderr)
         return 1
@@ -314,10 +323,15 @@ def run_signer(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_until_stopped(
-    ca_dir: Path, socket_path: Path, lifetime: int, group: str | None
-) -> None:
-    server = SignerServer(ca_dir, socket_path, max_lifetime_seconds=lifetime, group=group)
+async def _serve_until_stopped(args: argparse.Namespace) -> None:
+    check_min_rsa_bits(args.min_rsa_bits, "--min-rsa-bits")
+    server = SignerServer(
+        args.ca_dir,
+        args.socket,
+        max_lifetime_seconds=args.lifetime,
+        group=args.group,
+        min_rsa_bits=args.min_rsa_bits,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -325,6 +325,47 @@ async def test_renewal_is_for_the_connections_own_node(
     assert caplog.text.count("node=edge-1") >= 2 and "(renew)" in caplog.text
 
 
+def rsa_1024(tmp_path: Path) -> asyncssh.SSHKey:
+    path = tmp_path / "weak"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "rsa", "-b", "1024", "-N", "", "-f", str(path)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return asyncssh.read_private_key(str(path))
+
+
+async def test_a_weak_key_gets_no_certificate_at_enrollment_or_renewal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24 #7: an RSA-1024 key was certified and its certificate logged in."""
+    pki = make_pki(tmp_path)
+    weak = rsa_1024(tmp_path).export_public_key().decode()
+    token, _ = make_enroll_token(pki.ca.dir, "edge-1", ttl_seconds=3600)
+    creds = pki.node("edge-2")
+    key = asyncssh.read_private_key(str(creds.private_key))
+    cert = asyncssh.read_certificate(str(creds.certificate))
+    says = (
+        "error: weak key: an RSA key of 1024 bits is too weak: "
+        "use Ed25519, ECDSA or RSA of at least 3072 bits\n"
+    )
+    with caplog.at_level(logging.INFO):
+        async with running_gateway(enrolling(pki)) as gw:
+            async with connected(
+                pki, gw, "enroll:edge-1", password=token, client_keys=None
+            ) as conn:
+                refused = await run_subsystem(conn, ENROLL_SUBSYSTEM, weak)
+            assert (refused.status, refused.stderr) == (1, says)
+            async with connected(pki, gw, "edge-2", client_keys=[(key, cert)]) as conn:
+                renewal = await run_subsystem(conn, RENEW_SUBSYSTEM, weak)
+            assert (renewal.status, renewal.stderr) == (1, says)
+            strong = asyncssh.generate_private_key("ssh-ed25519")
+            assert (await enroll(pki, gw, "edge-1", token, strong)).status == 0  # not spent
+    assert "refused to enroll 'edge-1': an RSA key of 1024 bits is too weak" in caplog.text
+    assert "refused to renew 'edge-2': an RSA key of 1024 bits is too weak" in caplog.text
+    reasons = [line["reason"] for line in issued_log(pki)]
+    assert reasons == ["issue-gateway", "issue-node", "enroll"]
+
+
 async def test_a_used_token_stays_used_after_a_restart_on_sqlite(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     cfg = enrolling(pki)
@@ -450,6 +491,10 @@ async def test_the_signer_process_holds_the_key_the_gateway_never_reads_it(
         (["--ca-dir", "{ca}", "--socket", "{tmp}/no-dir/s.sock"], "No such file or directory"),
         (["--ca-dir", "{ca}", "--socket", "{ca}/user_ca"], "is not a socket; refusing"),
         (["--ca-dir", "{ca}", "--socket", "{tmp}/s.sock", "--lifetime", "5"], "at least 60"),
+        (
+            ["--ca-dir", "{ca}", "--socket", "{tmp}/s.sock", "--min-rsa-bits", "1024"],
+            "--min-rsa-bits must be an integer of at least 2048",
+        ),
     ],
 )
 def test_the_signer_command_fails_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
