@@ -103,7 +103,8 @@ def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> HttpS
         if request.path in OPEN_PATHS:
             return await handler(request)
         scheme, _, value = request.header("Authorization").partition(" ")
-        pair = parse_basic(value) if scheme.lower() == "basic" else None
+        # a header value is Latin-1: parse_basic's base64 decoder raises on what is not ASCII
+        pair = parse_basic(value) if scheme.lower() == "basic" and value.isascii() else None
         if pair is None or not await users.verify(*pair):
             return Response.text(
                 "basic auth required: wrong or missing user name or password\n",

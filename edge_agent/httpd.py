@@ -2,20 +2,26 @@
 
 The agent serves four fixed GET paths from a cached snapshot; aiohttp (about 16 MB of
 resident memory once imported, a quarter of the agent's) is far more than that needs.
-This server does exactly what those endpoints need, and bounds everything a client
-controls:
+h11 parses and frames HTTP, as in uvicorn's ``h11_impl``; this module owns the
+connections, their time and the cap, and bounds everything a client controls:
 
 - requests: GET and HEAD (405 with ``Allow`` otherwise), origin-form or absolute-form
-  targets, the query string ignored; keep-alive (HTTP/1.1 unless ``Connection: close``,
-  HTTP/1.0 only with ``Connection: keep-alive``), pipelined requests answered in order;
+  targets, the query string ignored; keep-alive and pipelining as h11 has them (HTTP/1.1
+  unless ``Connection: close``; an HTTP/1.0 connection closes after its response);
 - limits: the request head (request line and headers) at most ``MAX_HEAD`` bytes and
   ``MAX_HEADERS`` fields (431), a body at most ``MAX_BODY`` bytes, read and discarded
-  (413; a chunked body is refused with 411), anything malformed 400; every error
-  response closes the connection;
+  (413; a chunked body is refused with 411), a path that is not UTF-8 once
+  percent-decoded, or anything h11 refuses, 400; every error response closes the
+  connection, and none is logged (any client could flood the log);
 - time: a request head must arrive whole within ``HEAD_TIMEOUT`` of its first byte
   being awaited (slowloris), an idle keep-alive connection is closed after
   ``IDLE_TIMEOUT``, a response must be taken by the client within ``WRITE_TIMEOUT``;
-  at most ``MAX_CONNECTIONS`` connections at once (more are closed at once);
+- the cap: at ``MAX_CONNECTIONS`` a new connection makes room by closing the oldest idle
+  one, as the gateway's ``ConnectionGuard`` does: first one that has not yet sent a whole
+  request, else a kept-alive one answered at least ``SETTLE_SECONDS`` ago with nothing
+  left to send. Only when every connection is busy is the new one refused (a 503). A
+  client holding the cap's worth of idle connections thus cannot keep the liveness
+  probe (``/healthz``) or a scrape out;
 - TLS through an ``ssl.SSLContext`` (the handshake bounded by ``HEAD_TIMEOUT``).
 
 Handlers get a :class:`Request` and return a :class:`Response`; HEAD is answered from
@@ -28,11 +34,14 @@ import asyncio
 import logging
 import ssl
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Final
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
+
+import h11
 
 log = logging.getLogger("edge_agent.http")
 
@@ -43,6 +52,11 @@ HEAD_TIMEOUT: Final = 10.0
 IDLE_TIMEOUT: Final = 75.0  # as aiohttp's keep-alive; longer than any scrape interval
 WRITE_TIMEOUT: Final = 30.0
 MAX_CONNECTIONS: Final = 256
+# A kept-alive connection is evicted only this long after its response was handed to the
+# kernel: a client's next request may be on its way, and would meet a reset.
+SETTLE_SECONDS: Final = 0.5
+LOG_EVERY_SECONDS: Final = 10.0
+READ_SIZE: Final = 16 * 1024
 REASONS: Final = {
     200: "OK",
     400: "Bad Request",
@@ -57,9 +71,6 @@ REASONS: Final = {
     503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
-_TOKEN_CHARS: Final = frozenset(
-    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-)
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,21 @@ class BadRequest(Exception):
         self.status = status
 
 
+class _Idle(Exception):
+    """The client closed, or sent nothing of a next request in time: close quietly."""
+
+
 _date_cache: list[object] = [0, ""]
+
+
+def closing_answer(status: int, text: str, **headers: str) -> bytes:
+    """A whole response that closes the connection, for when h11 has no request to answer
+    (the 503 at the cap, a 408 while a head is still arriving)."""
+    body = text.encode()
+    lines = [f"HTTP/1.1 {status} {REASONS[status]}", "Content-Type: text/plain; charset=utf-8"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines += [f"Content-Length: {len(body)}", f"Date: {http_date()}", "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 def http_date() -> str:
@@ -103,62 +128,80 @@ def http_date() -> str:
     return str(_date_cache[1])
 
 
-def parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
-    """Method, decoded path, version and headers of one request head (CRLF CRLF
-    included); raises :class:`BadRequest`."""
-    lines = head[:-4].split(b"\r\n")
-    try:
-        method_b, target_b, version_b = lines[0].split(b" ")
-    except ValueError:
-        raise BadRequest(400, "malformed request line") from None
-    if not method_b or not set(method_b) <= _TOKEN_CHARS:
-        raise BadRequest(400, "malformed method")
-    if version_b not in (b"HTTP/1.1", b"HTTP/1.0"):
-        if version_b.startswith(b"HTTP/") and len(version_b) == 8:
-            raise BadRequest(505, "only HTTP/1.0 and HTTP/1.1")
-        raise BadRequest(400, "malformed version")
-    if len(lines) - 1 > MAX_HEADERS:
+def request_from(event: h11.Request) -> Request:
+    """Our :class:`Request` from h11's, within our limits; raises :class:`BadRequest`."""
+    if event.http_version not in (b"1.0", b"1.1"):
+        raise BadRequest(505, "only HTTP/1.0 and HTTP/1.1")
+    if len(event.headers) > MAX_HEADERS:
         raise BadRequest(431, f"more than {MAX_HEADERS} header fields")
+    # h11 bounds an incomplete head only; one that arrived whole is measured here
+    size = len(event.method) + len(event.target) + 12
+    size += sum(len(name) + len(value) + 4 for name, value in event.headers)
+    if size > MAX_HEAD:
+        raise BadRequest(431, f"request head over {MAX_HEAD} bytes")
     headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or not set(name) <= _TOKEN_CHARS:
-            raise BadRequest(400, "malformed header field")  # obs-fold included
-        try:
-            key, text = name.decode("ascii").lower(), value.strip(b" \t").decode("latin-1")
-        except UnicodeDecodeError:
-            raise BadRequest(400, "malformed header field") from None
-        if any(c in text for c in "\r\n\0"):
-            raise BadRequest(400, "malformed header value")
+    for name_b, value_b in event.headers:
+        key, text = name_b.decode("ascii"), value_b.decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    return method_b.decode(), _path(target_b), version_b.decode(), headers
+    if "transfer-encoding" in headers:
+        raise BadRequest(411, "a request body must come with Content-Length")
+    length = headers.get("content-length", "0")  # h11 has checked it is a number
+    if len(length) > 18 or int(length) > MAX_BODY:
+        raise BadRequest(413, f"request body over {MAX_BODY} bytes")
+    version = "HTTP/" + event.http_version.decode()
+    return Request(event.method.decode("ascii"), _path(event.target), headers, version)
 
 
 def _path(target: bytes) -> str:
-    try:
-        text = target.decode("ascii")
-    except UnicodeDecodeError:
-        raise BadRequest(400, "non-ASCII request target") from None
+    """The percent-decoded path of an origin-form or absolute-form target (h11 has checked
+    it is visible ASCII)."""
+    text = target.decode("ascii")
     if text.startswith(("http://", "https://")):  # absolute form: keep the path
         rest = text.split("://", 1)[1]
         text = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
     if not text.startswith("/"):
         raise BadRequest(400, "malformed request target")
-    path = unquote(text.split("?", 1)[0].split("#", 1)[0], errors="strict")
+    try:
+        path = unquote_to_bytes(text.split("?", 1)[0].split("#", 1)[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(400, "the request path is not UTF-8 once decoded") from None
     if "\0" in path:
         raise BadRequest(400, "malformed request target")
     return path
 
 
-def encode_response(resp: Response, *, head_only: bool, close: bool) -> bytes:
-    lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Unknown')}"]
-    lines += [f"{k}: {v}" for k, v in resp.headers.items()]
-    lines.append(f"Content-Length: {len(resp.body)}")
-    lines.append(f"Date: {http_date()}")
-    if close:
-        lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + resp.body
+class _Throttled:
+    """One WARNING line per ``LOG_EVERY_SECONDS`` at most; the next counts those left out."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._left_out = 0
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._left_out += 1
+            return
+        if self._left_out:
+            message += " (and %d more like it since the last such line)"
+            args = (*args, self._left_out)
+        log.warning(message, *args)
+        self._next, self._left_out = now + LOG_EVERY_SECONDS, 0
+
+
+@dataclass(eq=False)
+class _Conn:
+    task: asyncio.Task[None]
+    writer: asyncio.StreamWriter
+    peer: object
+    answered: float = 0.0  # monotonic time its last response was handed to the kernel
+    evicted: bool = False
+
+    def settled(self, now: float) -> bool:
+        return (
+            now - self.answered >= SETTLE_SECONDS
+            and self.writer.transport.get_write_buffer_size() == 0
+        )
 
 
 class HttpServer:
@@ -172,8 +215,15 @@ class HttpServer:
     ) -> None:
         self.routes = dict(routes)
         self.guard = guard  # e.g. basic auth: called with the request and the router
-        self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self.connections: dict[asyncio.Task[None], _Conn] = {}
         self.requests = 0
+        self.closed: Counter[str] = Counter(evicted=0, refused=0)
+        # Insertion order is age. Fresh: no whole request yet; kept: answered, waiting for
+        # the next. A connection handling a request or sending its response is in neither.
+        self._fresh: dict[_Conn, None] = {}
+        self._kept: dict[_Conn, None] = {}
+        self._log_evicted = _Throttled()
+        self._log_refused = _Throttled()
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
@@ -193,8 +243,8 @@ class HttpServer:
         """Stop listening and close every connection."""
         if self._server is not None:
             self._server.close()
-        for writer in self.connections.values():
-            writer.transport.abort()  # a pending read ends; the connection's task returns
+        for conn in self.connections.values():
+            conn.writer.transport.abort()  # a pending read ends; the connection's task returns
         if self.connections:
             _done, stuck = await asyncio.wait(list(self.connections), timeout=1.0)
             for task in stuck:
@@ -205,77 +255,127 @@ class HttpServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self.connections) >= MAX_CONNECTIONS:
+        conn = _Conn(task, writer, writer.get_extra_info("peername"))
+        if not self._admit(conn):
+            busy = closing_answer(
+                503, "too many busy connections, try again\n", **{"Retry-After": "1"}
+            )
+            writer.write(busy)
             writer.close()
             return
-        self.connections[task] = writer
+        self.connections[task] = conn
         try:
-            await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
+            await self._serve(reader, conn)
+        except (ConnectionError, TimeoutError, ssl.SSLError, _Idle):
             pass
         except asyncio.CancelledError:
             pass  # only cleanup() cancels, and the task ends here (asyncio's stream
             # server would log a cancelled connection task as an error)
         finally:
-            del self.connections[task]
+            self.connections.pop(task, None)  # gone already when evicted
+            self._forget(conn)
             writer.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, conn: _Conn) -> bool:
+        if len(self.connections) >= MAX_CONNECTIONS:
+            victim = next(iter(self._fresh), None)
+            if victim is None:
+                now = time.monotonic()
+                victim = next((c for c in self._kept if c.settled(now)), None)
+            if victim is None:
+                self.closed["refused"] += 1
+                self._log_refused(
+                    "HTTP connections at the cap (%d), all busy: refused %r with a 503",
+                    MAX_CONNECTIONS,
+                    conn.peer,
+                )
+                return False
+            self._forget(victim)
+            victim.evicted = True
+            victim.writer.transport.close()  # its task sees the end of file and returns
+            del self.connections[victim.task]
+            self.closed["evicted"] += 1
+            self._log_evicted(
+                "HTTP connections at the cap (%d): closed the oldest idle one, from %r, "
+                "to admit %r",
+                MAX_CONNECTIONS,
+                victim.peer,
+                conn.peer,
+            )
+        self._fresh[conn] = None
+        return True
+
+    def _forget(self, conn: _Conn) -> None:
+        self._fresh.pop(conn, None)
+        self._kept.pop(conn, None)
+
+    async def _serve(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
+        h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         first = True
         while True:
+            head = False  # h11 frames a response to HEAD without a body, errors too
             try:
-                head = await self._read_head(reader, first)
-                if head is None:
-                    return  # the client closed, or idle too long
-                method, path, version, headers = parse_head(head)
-                await self._skip_body(reader, headers)
-            except BadRequest as exc:
-                await self._send(writer, Response.text(f"{exc}\n", exc.status), False, True)
+                event = await self._next_request(reader, h, first)
+                head = event.method == b"HEAD"
+                req = request_from(event)
+                await self._skip_body(reader, h)
+            except (h11.RemoteProtocolError, BadRequest) as exc:
+                code = exc.status if isinstance(exc, BadRequest) else exc.error_status_hint
+                error = Response.text(f"{exc}\n", code if code in REASONS else 400)
+                await self._send(conn, h, error, close=True, head_only=head)
                 return
             first = False
-            req = Request(method, path, headers, version)
-            conn = headers.get("connection", "").lower()
-            keep = "keep-alive" in conn if version == "HTTP/1.0" else "close" not in conn
+            self._forget(conn)  # busy: not to be evicted until it is answered
             resp = await self._respond(req)
-            await self._send(writer, resp, method == "HEAD", not keep)
-            if not keep:
+            await self._send(conn, h, resp, close=False, head_only=head)
+            if h.our_state is h11.MUST_CLOSE:
                 return
+            h.start_next_cycle()
+            if not conn.evicted:
+                self._kept[conn] = None
 
-    async def _read_head(self, reader: asyncio.StreamReader, first: bool) -> bytes | None:
-        """The next request head, or None when the client closed or stayed idle; its
-        first byte may wait ``IDLE_TIMEOUT`` on a kept-alive connection, the rest of it
-        then has ``HEAD_TIMEOUT``."""
+    async def _next_request(
+        self, reader: asyncio.StreamReader, h: h11.Connection, first: bool
+    ) -> h11.Request:
+        """The next request's head; its first byte may wait ``IDLE_TIMEOUT`` on a
+        kept-alive connection, the whole head then has ``HEAD_TIMEOUT``."""
+        started = False
+        while True:
+            event = h.next_event()
+            if isinstance(event, h11.Request):
+                return event
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                raise _Idle
+            if h.their_state is h11.IDLE and h.trailing_data[0] == b"" and not started:
+                wait = HEAD_TIMEOUT if first else IDLE_TIMEOUT
+            else:
+                wait, started = HEAD_TIMEOUT, True
+            data = await self._read(reader, wait, started)
+            h.receive_data(data)
+
+    async def _read(self, reader: asyncio.StreamReader, wait: float, started: bool) -> bytes:
         try:
-            async with asyncio.timeout(HEAD_TIMEOUT if first else IDLE_TIMEOUT):
-                start = await reader.readexactly(1)
-        except (TimeoutError, asyncio.IncompleteReadError):
-            return None
-        try:
-            async with asyncio.timeout(HEAD_TIMEOUT):
-                head = start + await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            raise BadRequest(400, "incomplete request head") from None
-        except asyncio.LimitOverrunError:
-            raise BadRequest(431, f"request head over {MAX_HEAD} bytes") from None
+            async with asyncio.timeout(wait):
+                return await reader.read(READ_SIZE)
         except TimeoutError:
-            raise BadRequest(408, "request head not received in time") from None
-        return head.lstrip(b"\r\n")  # RFC 9112 2.2: ignore empty lines before a request
+            if not started:
+                raise _Idle from None
+            raise BadRequest(408, "request not received in time") from None
 
-    async def _skip_body(self, reader: asyncio.StreamReader, headers: Mapping[str, str]) -> None:
-        if "transfer-encoding" in headers:
-            raise BadRequest(411, "a request body must come with Content-Length")
-        length = headers.get("content-length", "0")
-        if not (length.isascii() and length.isdigit()) or len(length) > 18:  # "²".isdigit()
-            raise BadRequest(400, "malformed Content-Length")
-        size = int(length)
-        if size > MAX_BODY:
-            raise BadRequest(413, f"request body over {MAX_BODY} bytes")
-        if size:
-            try:
-                async with asyncio.timeout(HEAD_TIMEOUT):
-                    await reader.readexactly(size)
-            except TimeoutError:
-                raise BadRequest(408, "request body not received in time") from None
+    async def _skip_body(self, reader: asyncio.StreamReader, h: h11.Connection) -> None:
+        size = 0
+        while True:
+            event = h.next_event()
+            if isinstance(event, h11.EndOfMessage):
+                return
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > MAX_BODY:
+                    raise BadRequest(413, f"request body over {MAX_BODY} bytes")
+            elif event is h11.NEED_DATA:
+                h.receive_data(await self._read(reader, HEAD_TIMEOUT, True))
+            elif isinstance(event, h11.ConnectionClosed):
+                raise _Idle
 
     async def _respond(self, req: Request) -> Response:
         self.requests += 1
@@ -296,8 +396,35 @@ class HttpServer:
         return await handler(req)
 
     async def _send(
-        self, writer: asyncio.StreamWriter, resp: Response, head_only: bool, close: bool
+        self,
+        conn: _Conn,
+        h: h11.Connection,
+        resp: Response,
+        *,
+        close: bool,
+        head_only: bool = False,
     ) -> None:
-        writer.write(encode_response(resp, head_only=head_only, close=close))
+        """The response through h11 (it adds ``Connection: close`` where the connection
+        cannot be kept); a HEAD request gets the head alone."""
+        if conn.writer.is_closing():
+            return
+        if h.our_state is h11.IDLE and h.their_state is not h11.ERROR:  # no request yet
+            conn.writer.write(closing_answer(resp.status, resp.body.decode()))
+            h.send(h11.ConnectionClosed())
+        else:
+            conn.writer.write(self._encode(h, resp, close=close, head_only=head_only))
         async with asyncio.timeout(WRITE_TIMEOUT):
-            await writer.drain()
+            await conn.writer.drain()
+        conn.answered = time.monotonic()
+
+    @staticmethod
+    def _encode(h: h11.Connection, resp: Response, *, close: bool, head_only: bool) -> bytes:
+        headers = [*resp.headers.items(), ("Content-Length", str(len(resp.body)))]
+        headers.append(("Date", http_date()))
+        if close:
+            headers.append(("Connection", "close"))
+        reason = REASONS.get(resp.status, "Unknown")
+        data = h.send(h11.Response(status_code=resp.status, headers=headers, reason=reason))
+        if resp.body and not head_only:
+            data = (data or b"") + (h.send(h11.Data(data=resp.body)) or b"")
+        return (data or b"") + (h.send(h11.EndOfMessage()) or b"")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("frames", "records", "proxy_http", "ingest")
+TARGETS = ("frames", "records", "proxy_http", "ingest", "agent_http")
 ARTIFACTS = ("crash-", "oom-", "timeout-", "leak-")
 # An input slower than this is a finding (a timeout-* artifact): the gateway decodes on
 # its event loop. Memory beyond this is one too: nothing may allocate without bound.

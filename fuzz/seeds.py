@@ -6,7 +6,7 @@ for a simulated node (HELLO, DECLARE, BATCH, REPLAY) and what a gateway answers 
 ACK_RANGES, HEARTBEAT, ERROR, GOODBYE), each stream raw and in the plain form of
 ``common.py``, under a few chunkings; the records are those collections' records; the
 responses are what exporters answer (Content-Length, chunked, close-delimited, interim
-1xx, keep-alive pairs).
+1xx, keep-alive pairs); the requests are what clients send the agent's HTTP server.
 """
 
 from __future__ import annotations
@@ -142,6 +142,28 @@ def proxy_seeds() -> dict[str, bytes]:
     return seeds
 
 
+REQUESTS = {
+    "get": b"GET /metrics HTTP/1.1\r\nHost: edge:9400\r\nAccept-Encoding: gzip\r\n"
+    b"Authorization: Basic cHJvbTpzZWNyZXQ=\r\n\r\n",
+    "pipelined": b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nHEAD /metrics?x=1 HTTP/1.1\r\n"
+    b"Host: x\r\n\r\nPOST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+    b"GET http://edge:9400/healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    "http10": b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    "chunked": b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\nhi\r\n0\r\n\r\n",
+    "percent": b"GET /%ff%2e/%41?%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+    "folded": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
+}
+
+
+def agent_http_seeds() -> dict[str, bytes]:
+    seeds: dict[str, bytes] = {}
+    for name, request in REQUESTS.items():
+        seeds[f"request-{name}"] = b"\x00" + request
+        seeds[f"request-{name}-chunks"] = b"\x07" + request
+    return seeds
+
+
 def write(out: Path) -> dict[str, int]:
     """Write every target's seeds under ``out``; their count by target."""
     logging.disable(logging.WARNING)  # the simulator's notes on fields it skips
@@ -153,6 +175,7 @@ def write(out: Path) -> dict[str, int]:
         "ingest": frames,
         "records": record_seeds(small, large),
         "proxy_http": proxy_seeds(),
+        "agent_http": agent_http_seeds(),
     }
     for target, seeds in corpora.items():
         folder = out / target

@@ -1,6 +1,6 @@
 """A short coverage-guided fuzz of each target in fuzz/ (atheris): the frame decoder, the
-record decoder, the proxy's HTTP handling and the ingest path. ``make fuzz`` runs them
-longer; see fuzz/run.py.
+record decoder, the proxy's HTTP handling, the ingest path and the agent's HTTP server.
+``make fuzz`` runs them longer; see fuzz/run.py.
 
 Skips without atheris (it has wheels for Linux x86-64 only), but fails instead when CI
 sets EDGE_GPU_RELAY_REQUIRE_ATHERIS=1, as tests/conftest.py's ``required_tool`` does."""
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("frames", "records", "proxy_http", "ingest")
-SECONDS = 15  # per target; with start-up, about 70 s for all four on a 2-core box
+TARGETS = ("frames", "records", "proxy_http", "ingest", "agent_http")
+SECONDS = 15  # per target; with start-up, about 90 s for all five on a 2-core box
 
 
 @pytest.fixture(scope="module")
