@@ -257,7 +257,14 @@ class BasicAuth:
     are cached for ``ttl`` seconds in a bounded LRU keyed by a SHA-256 of the user, the
     hash and the password (no password is kept), as exporter-toolkit does; a scrape every
     15 s pays one bcrypt a minute. bcrypt runs in a thread, ``concurrency`` at a time, so
-    a flood of wrong passwords neither blocks the event loop nor takes every core."""
+    a flood of wrong passwords neither blocks the event loop nor takes every core.
+
+    Wrong passwords must not starve real users (issue 24 #6): at most ``max_waiting``
+    checks wait for a bcrypt slot, and one more is refused at once, without a bcrypt (the
+    caller answers 401 fast), so no one waits behind more than ``concurrency +
+    max_waiting`` bcrypts however many guesses arrive; and a ``source`` (the client's
+    address) with ``max_failures`` wrong passwords within ``failure_window`` seconds is
+    refused without a bcrypt until the window has passed. ``refused_fast`` counts both."""
 
     def __init__(
         self,
@@ -267,6 +274,10 @@ class BasicAuth:
         ttl: float = 60.0,
         max_entries: int = 256,
         concurrency: int = 2,
+        max_waiting: int = 8,
+        max_failures: int = 10,
+        failure_window: float = 60.0,
+        max_sources: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.users = dict(users)
@@ -278,6 +289,14 @@ class BasicAuth:
         self._ttl, self._max, self._clock = ttl, max_entries, clock
         self._cache: OrderedDict[bytes, tuple[float, bool]] = OrderedDict()
         self._slots = asyncio.Semaphore(concurrency)
+        self._pending, self._max_pending = 0, concurrency + max_waiting
+        self._max_failures, self._window, self._max_sources = (
+            max_failures,
+            failure_window,
+            max_sources,
+        )
+        self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # until, count
+        self.refused_fast = 0
 
     def __bool__(self) -> bool:
         return bool(self.users)
@@ -285,7 +304,7 @@ class BasicAuth:
     def cached(self) -> int:
         return len(self._cache)
 
-    async def verify(self, user: str, password: str) -> bool:
+    async def verify(self, user: str, password: str, *, source: str | None = None) -> bool:
         hashed = self.users.get(user)
         known = hashed is not None
         hashed = hashed if hashed is not None else _DUMMY
@@ -298,11 +317,32 @@ class BasicAuth:
         secret = password.encode()
         if len(secret) > MAX_PASSWORD_BYTES:
             return False
-        async with self._slots:
-            ok = await asyncio.to_thread(self._checkpw, secret, hashed)
+        if self._throttled(source, now) or self._pending >= self._max_pending:
+            self.refused_fast += 1
+            return False
+        self._pending += 1
+        try:
+            async with self._slots:
+                ok = await asyncio.to_thread(self._checkpw, secret, hashed)
+        finally:
+            self._pending -= 1
         ok = ok and known
+        if not ok:
+            self._failed(source, self._clock())
         self._cache[key] = (now + self._ttl, ok)
         self._cache.move_to_end(key)
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
         return ok
+
+    def _throttled(self, source: str | None, now: float) -> bool:
+        entry = self._failures.get(source) if source is not None else None
+        return entry is not None and entry[0] > now and entry[1] >= self._max_failures
+
+    def _failed(self, source: str | None, now: float) -> None:
+        if source is None:
+            return
+        until, count = self._failures.pop(source, (0.0, 0))
+        self._failures[source] = (until, count + 1) if until > now else (now + self._window, 1)
+        while len(self._failures) > self._max_sources:  # the oldest sources are forgotten
+            self._failures.popitem(last=False)

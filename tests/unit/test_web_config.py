@@ -3,8 +3,10 @@ node_exporter and Prometheus) read by both binaries, its TLS context and basic-a
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
+import threading
 from pathlib import Path
 
 import bcrypt
@@ -188,6 +190,58 @@ async def test_basic_auth_cache_is_bounded() -> None:
     for i in range(50):
         await auth.verify("alice", f"guess-{i}")
     assert auth.cached() <= 8
+
+
+class GatedCheck:
+    """bcrypt that holds every check until the gate opens, recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.asked: list[bytes] = []
+
+    def __call__(self, password: bytes, hashed: bytes) -> bool:
+        self.asked.append(password)
+        assert self.gate.wait(30)
+        return password == b"s3cret"
+
+
+async def test_a_flood_of_wrong_passwords_does_not_queue_a_real_user_behind_it() -> None:
+    """Issue 24 #6: every distinct wrong password queued for a bcrypt slot, unbounded, in
+    front of real users (40 delayed a real user's first request to 1.77 s, linearly). The
+    queue is bounded: beyond it a check is refused at once, without a bcrypt."""
+    check = GatedCheck()
+    auth = BasicAuth({"alice": HASH.encode()}, checkpw=check, concurrency=2, max_waiting=8)
+    flood = [asyncio.create_task(auth.verify("alice", f"guess-{i}")) for i in range(40)]
+    try:
+        await asyncio.sleep(0.2)  # every guess has asked; the two running hold the gate
+        answered = [task for task in flood if task.done()]
+        assert len(answered) == 40 - 2 - 8  # answered while bcrypt is stuck: fast
+        assert not any(task.result() for task in answered)
+        real = asyncio.create_task(auth.verify("alice", "s3cret"))
+        await asyncio.sleep(0.05)
+        assert real.done() and real.result() is False  # the queue is full: refused fast
+    finally:
+        check.gate.set()
+        await asyncio.gather(*flood)
+    assert len(check.asked) == 10  # bcrypt ran for the bounded queue only
+    assert await auth.verify("alice", "s3cret")  # with room, the real user gets in
+    assert check.asked.index(b"s3cret") == 10  # behind nothing
+
+
+async def test_wrong_passwords_are_throttled_per_source() -> None:
+    check = CountingCheck()
+    now = [100.0]
+    auth = BasicAuth({"alice": HASH.encode()}, checkpw=check, max_failures=5, clock=lambda: now[0])
+    for i in range(5):
+        assert not await auth.verify("alice", f"guess-{i}", source="203.0.113.9")
+    assert check.calls == 5
+    assert not await auth.verify("alice", "s3cret", source="203.0.113.9")  # throttled
+    assert check.calls == 5  # no bcrypt spent on it
+    assert await auth.verify("alice", "s3cret", source="198.51.100.1")  # others get in
+    assert await auth.verify("alice", "s3cret", source="203.0.113.9")  # a cached answer
+    now[0] += 61  # the window passed
+    assert not await auth.verify("alice", "guess-6", source="203.0.113.9")
+    assert check.calls == 7
 
 
 @pytest.mark.parametrize(
