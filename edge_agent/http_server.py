@@ -105,7 +105,7 @@ def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> HttpS
         scheme, _, value = request.header("Authorization").partition(" ")
         # a header value is Latin-1: parse_basic's base64 decoder raises on what is not ASCII
         pair = parse_basic(value) if scheme.lower() == "basic" and value.isascii() else None
-        if pair is None or not await users.verify(*pair):
+        if pair is None or not await users.verify(*pair, source=request.peer or None):
             return Response.text(
                 "basic auth required: wrong or missing user name or password\n",
                 401,

@@ -79,6 +79,7 @@ class Request:
     path: str  # percent-decoded, without the query string
     headers: Mapping[str, str]  # names in lower case; repeated fields joined with ", "
     version: str = "HTTP/1.1"
+    peer: str = ""  # the client's address (for per-source limits), "" where unknown
 
     def header(self, name: str, default: str = "") -> str:
         return self.headers.get(name.lower(), default)
@@ -128,7 +129,7 @@ def http_date() -> str:
     return str(_date_cache[1])
 
 
-def request_from(event: h11.Request) -> Request:
+def request_from(event: h11.Request, peer: str = "") -> Request:
     """Our :class:`Request` from h11's, within our limits; raises :class:`BadRequest`."""
     if event.http_version not in (b"1.0", b"1.1"):
         raise BadRequest(505, "only HTTP/1.0 and HTTP/1.1")
@@ -149,7 +150,7 @@ def request_from(event: h11.Request) -> Request:
     if len(length) > 18 or int(length) > MAX_BODY:
         raise BadRequest(413, f"request body over {MAX_BODY} bytes")
     version = "HTTP/" + event.http_version.decode()
-    return Request(event.method.decode("ascii"), _path(event.target), headers, version)
+    return Request(event.method.decode("ascii"), _path(event.target), headers, version, peer)
 
 
 def _path(target: bytes) -> str:
@@ -317,7 +318,7 @@ class HttpServer:
             try:
                 event = await self._next_request(reader, h, first)
                 head = event.method == b"HEAD"
-                req = request_from(event)
+                req = request_from(event, _host(conn.peer))
                 await self._skip_body(reader, h)
             except (h11.RemoteProtocolError, BadRequest) as exc:
                 code = exc.status if isinstance(exc, BadRequest) else exc.error_status_hint
@@ -428,3 +429,8 @@ class HttpServer:
         if resp.body and not head_only:
             data = (data or b"") + (h.send(h11.Data(data=resp.body)) or b"")
         return (data or b"") + (h.send(h11.EndOfMessage()) or b"")
+
+
+def _host(peer: object) -> str:
+    """The address part of a peername ((host, port) for IP, a path or "" for Unix)."""
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""

@@ -4,6 +4,7 @@ sends wrong gets a bounded, well-formed answer."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import logging
 from collections.abc import AsyncIterator
@@ -178,6 +179,32 @@ async def test_basic_auth_guards_every_path_but_the_probes(tmp_path: Path) -> No
     finally:
         await server.cleanup()
         pipeline.close()
+
+
+async def test_wrong_passwords_are_throttled_per_client_address(tmp_path: Path) -> None:
+    """Issue 24 #6: after BasicAuth's failure budget from one address, that address is
+    refused without a bcrypt (the agent passes the peer's address as the source)."""
+    pipeline, _sim, clock = make_pipeline(tmp_path, gpus=1)
+    published = http_server.LatestSnapshot(clock=clock)
+    published.publish(pipeline.collection.collect())
+    users = BasicAuth({"prom": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))})
+    server = http_server.make_app(published, users)
+    port = await server.start("127.0.0.1", 0, None)
+    wrong = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic cHJvbTp3cm9uZw==\r\n\r\n"
+    ok = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic cHJvbTpzZWNyZXQ=\r\n\r\n"
+    try:
+        for guess in range(20):  # distinct wrong passwords, no cache hit
+            attempt = wrong.replace(b"cHJvbTp3cm9uZw==", _basic(f"prom:wrong{guess}"))
+            assert status(await closed_by_server(port, attempt)) == 401
+        assert users.refused_fast > 0, "20 wrong passwords from one address: none throttled"
+        assert status(await closed_by_server(port, ok)) == 401  # 127.0.0.1 is throttled now
+    finally:
+        await server.cleanup()
+        pipeline.close()
+
+
+def _basic(credentials: str) -> bytes:
+    return base64.b64encode(credentials.encode())
 
 
 async def test_a_full_house_of_idle_connections_does_not_lock_out_the_probe(
