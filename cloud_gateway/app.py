@@ -127,6 +127,7 @@ class Gateway:
             self.registry,
             self.endpoints,
             timeout=cfg.http.proxy_timeout_seconds,
+            methods=cfg.http.proxy_methods,
             clock=clock,
             self_metrics=self.self_metrics,
         )

@@ -72,6 +72,10 @@ class SshConfig:
         return candidate if candidate.exists() else None
 
 
+# What http.proxy_methods may list (CONNECT is never proxied: only plain http:// is).
+PROXY_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 @dataclass(frozen=True, kw_only=True)
 class HttpConfig:
     listen: str = "0.0.0.0:9410"
@@ -86,6 +90,10 @@ class HttpConfig:
     protect_sd: bool = True
     sd_tokens: tuple[str, ...] = ()
     proxy_timeout_seconds: float = 10.0
+    # The methods the proxy relays to a node (both forms); any other is a 405. GET and
+    # HEAD are all a scrape needs: a browser holding an operator's credentials cannot be
+    # made to change anything on a device unless the operator lists POST, PUT... here.
+    proxy_methods: tuple[str, ...] = ("GET", "HEAD")
     # The listener (cloud_gateway.http_listener). At max_connections a new connection
     # closes the oldest idle one (one that never sent a whole request first), so silent
     # sockets cannot keep /metrics and /healthz out; each takes one file descriptor
@@ -110,6 +118,14 @@ class HttpConfig:
             raise GatewayConfigError(str(exc)) from exc
 
     def __post_init__(self) -> None:
+        methods = tuple(m.strip().upper() for m in self.proxy_methods)
+        unknown = [m for m in methods if m not in PROXY_METHODS]
+        if unknown or not methods:
+            raise GatewayConfigError(
+                f"http.proxy_methods must name one or more of {', '.join(PROXY_METHODS)}, "
+                f"not {', '.join(repr(m) for m in unknown) or 'an empty list'}"
+            )
+        object.__setattr__(self, "proxy_methods", tuple(dict.fromkeys(methods)))
         if self.max_connections < 1:
             raise GatewayConfigError(
                 f"http.max_connections must be at least 1, not {self.max_connections}"

@@ -160,7 +160,8 @@ _SHARD = Param(
     "together. The gateway's own gpurelay_gateway_* families are in shard 0; the shards "
     "together hold every series once",
 )
-PROXY_METHODS = ("get", "head", "post", "put", "patch", "delete", "options")
+# http.proxy_methods' default; an operator may list POST, PUT, ... too (else 405).
+PROXY_METHODS = ("get", "head")
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -226,12 +227,13 @@ ROUTES: tuple[Route, ...] = (
             "default": Reply("the node's answer, passed through", media=()),
             400: _text("a port that is not 1..65535, or a request that cannot be relayed"),
             403: Reply(
-                "a token that is not accepted or none configured (JSON), or a port the node "
-                "does not publish (text)",
+                "a token that is not accepted or none configured (JSON), a port the node "
+                "does not publish, or a request another site's page sent (text)",
                 ErrorBody,
                 media=(JSON, TEXT),
             ),
             404: _text("unknown node (or the node's own 404)"),
+            405: _text("a method that http.proxy_methods does not list (default GET, HEAD)"),
             502: _text("the node refused the port or sent no valid HTTP response"),
             503: _text("the node is not connected (or the node's own 503)"),
             504: _text("the node did not answer in time"),

@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
+from cloud_gateway.proxy_http import sandbox
 
 if TYPE_CHECKING:
     from cloud_gateway.proxy import Proxy
@@ -113,6 +114,7 @@ class PeerClient:
                     for name, value in upstream.headers.items():
                         if name.lower() not in _HOP:
                             response.headers.add(name, value)
+                    sandbox(response.headers)  # the owner did; a browser sees it here
                     await response.prepare(request)
                     async for chunk in upstream.content.iter_chunked(CHUNK):
                         await response.write(chunk)

@@ -27,6 +27,15 @@ Not passed on: hop-by-hop headers (also those named in ``Connection``) and the
 credentials meant for the gateway itself. Errors name the node and port in one line:
 unknown node 404, node offline 503 (with when it was last seen), port not published 403,
 a request h11 will not write 400, upstream refused or broke HTTP 502, timeout 504.
+
+A browser holding an operator's credentials (basic auth) sends them to ``/proxy/...`` by
+itself, so the proxy serves node content as untrusted on the gateway's origin: every
+answer is sandboxed (:func:`~cloud_gateway.proxy_http.sandbox`: no script, no sniffing,
+no framing, no cookies, CORS or other origin-wide policy from a node); a request another
+site made the browser send (``Sec-Fetch-Site`` other than ``same-origin``/``none``, or an
+``Origin`` that is not the gateway's) is refused with 403 before anything is relayed; and
+only the methods of ``http.proxy_methods`` (GET and HEAD unless the operator lists more)
+are relayed, any other is a 405. Prometheus sends GET with neither header.
 """
 
 from __future__ import annotations
@@ -41,10 +50,17 @@ from dataclasses import dataclass, field
 import asyncssh
 import h11
 from aiohttp import web
+from yarl import URL
 
 from cloud_gateway.endpoints import EndpointTable
 from cloud_gateway.peers import PeerClient
-from cloud_gateway.proxy_http import UpstreamChannel, UpstreamError, header_bytes, request_target
+from cloud_gateway.proxy_http import (
+    UpstreamChannel,
+    UpstreamError,
+    header_bytes,
+    request_target,
+    sandbox,
+)
 from cloud_gateway.registry import Registry
 from cloud_gateway.self_metrics import SelfMetrics
 
@@ -81,9 +97,10 @@ _DROP_RESPONSE = frozenset(
 
 
 class ProxyError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, **headers: str) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
 
 
 class _BrokenOff(ProxyError):
@@ -104,6 +121,33 @@ def _connection_listed(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
     )
 
 
+def _same_origin(origin: str, host: str) -> bool:
+    """True when ``origin`` (an Origin header) names the host and port of ``host`` (the
+    request's Host), the scheme's default port where either names none."""
+    try:
+        url = URL(origin)
+        ours = URL(f"{url.scheme}://{host}") if url.scheme in ("http", "https") else None
+    except ValueError:
+        return False
+    if ours is None or not url.host or url.raw_path not in ("", "/") or ours.raw_path != "/":
+        return False  # "null" (sandboxed frames, data: URLs), a malformed value
+    return (url.host.lower(), url.port) == ((ours.host or "").lower(), ours.port)
+
+
+def cross_site(request: web.Request) -> str | None:
+    """Why ``request`` was sent by a page of another site, or None: a browser says where a
+    request comes from in ``Sec-Fetch-Site`` (``none``: typed in, a bookmark) and, for
+    anything but a plain navigation, ``Origin``; a page cannot forge either. Prometheus
+    and other programs send neither."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site.strip().lower() not in ("same-origin", "none"):
+        return f"Sec-Fetch-Site is {site[:40]!r}"
+    origin = request.headers.get("Origin")
+    if origin is not None and not _same_origin(origin.strip(), request.host):
+        return f"Origin {origin[:100]!r} is not this gateway ({request.host[:100]!r})"
+    return None
+
+
 @dataclass
 class Proxy:
     registry: Registry
@@ -114,6 +158,8 @@ class Proxy:
     self_metrics: SelfMetrics = field(default_factory=SelfMetrics)
     # Several gateways: nodes owned by another gateway are asked of it (one hop).
     peers: PeerClient | None = None
+    # http.proxy_methods: what is relayed; any other method is a 405.
+    methods: tuple[str, ...] = ("GET", "HEAD")
     _idle: dict[tuple[str, int], list[UpstreamChannel]] = field(default_factory=dict)
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
@@ -152,6 +198,8 @@ class Proxy:
         started = time.monotonic()
         response: web.StreamResponse
         try:
+            if hop:  # a request from a peer was admitted by the gateway it came to
+                self._admit(request)
             try:
                 response = await self._relay(request, node, port, path_qs, started)
             except ProxyError as exc:
@@ -172,7 +220,10 @@ class Proxy:
         except _BrokenOff as exc:
             response, status = exc.response, exc.status
         except ProxyError as exc:
-            response, status = web.Response(status=exc.status, text=f"{exc}\n"), exc.status
+            response = web.Response(status=exc.status, text=f"{exc}\n", headers=exc.headers)
+            status = exc.status
+        if not response.prepared:  # a streamed answer was sandboxed before its head went
+            sandbox(response.headers)
         self.requests[status] += 1
         self.self_metrics.observe_proxy(status, time.monotonic() - started)
         return response
@@ -193,6 +244,25 @@ class Proxy:
             path += "?" + request.query_string
         node = request.match_info["node"]
         return await self.relay(request, node, int(port_text), path, hop=hop)
+
+    def _admit(self, request: web.Request) -> None:
+        """ProxyError unless the request may be relayed: its method is one of
+        ``methods`` (405) and no other site's page sent it (403)."""
+        if request.method not in self.methods:
+            allowed = ", ".join(self.methods)
+            raise ProxyError(
+                405,
+                f"method {request.method[:20]!r} is not relayed to nodes; the gateway's "
+                f"http.proxy_methods allows {allowed}",
+                Allow=allowed,
+            )
+        why = cross_site(request)
+        if why is not None:
+            raise ProxyError(
+                403,
+                f"cross-site request refused ({why}): the proxy relays only requests made "
+                "by no page or by the gateway's own pages",
+            )
 
     def _owner(self, exc: ProxyError, node: str) -> tuple[str, str] | None:
         """Another gateway that owns ``node``, when this one does not have it."""
@@ -287,6 +357,7 @@ class Proxy:
         for name, value in headers:
             if name.lower() not in drop:
                 response.headers.add(name, value)
+        sandbox(response.headers)
         try:
             async with asyncio.timeout_at(deadline):
                 await response.prepare(request)

@@ -15,6 +15,13 @@ anything that arrives unasked, or the upstream closing, makes it unusable
 (:meth:`UpstreamChannel.park`, :meth:`UpstreamChannel.unpark`).
 
 Time is the caller's to bound (the proxy runs each exchange under the scrape deadline).
+
+:func:`sandbox` is what every answer of the proxy says to a browser: a node's page is
+served from the gateway's origin, where an operator's browser holds its credentials, so
+it must neither run script there (``Content-Security-Policy: sandbox`` gives it an
+opaque origin of its own), nor be sniffed into HTML, nor be framed; and the headers with
+which a response sets policy for the whole origin (cookies, CORS, HSTS, Clear-Site-Data,
+reporting) are the gateway's to set, never a node's.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from urllib.parse import quote
 
 import asyncssh
 import h11
+from multidict import CIMultiDict
 
 MAX_HEADER_BYTES = 64 * 1024  # the response's status line and headers, together
 CHUNK = 65536
@@ -33,6 +41,22 @@ CHUNK = 65536
 _SAFE_PATH = "/:@!$&'()*+,;=-._~"
 _SAFE_QUERY = _SAFE_PATH + "?"
 _LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# On every answer of the proxy, in place of whatever the node said.
+SANDBOX_HEADERS = (
+    ("Content-Security-Policy", "sandbox"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+)
+# A node's headers that would loosen those or set policy for the gateway's whole origin.
+_ORIGIN_WIDE = frozenset(
+    h.lower()
+    for h in (
+        "Content-Security-Policy", "Content-Security-Policy-Report-Only",
+        "X-Content-Type-Options", "X-Frame-Options", "Set-Cookie", "Set-Cookie2",
+        "Strict-Transport-Security", "Clear-Site-Data", "Service-Worker-Allowed",
+        "Alt-Svc", "NEL", "Report-To", "Reporting-Endpoints",
+    )
+)  # fmt: skip
 
 
 class UpstreamError(Exception):
@@ -63,6 +87,20 @@ def header_bytes(text: str) -> bytes:
     """A header name or value back to the bytes the client sent (aiohttp decodes them as
     UTF-8 with surrogate escapes)."""
     return text.encode("utf-8", errors="surrogateescape")
+
+
+def origin_wide(name: str) -> bool:
+    """True for a response header a node may not send to a browser through the proxy."""
+    name = name.lower()
+    return name in _ORIGIN_WIDE or name.startswith("access-control-")
+
+
+def sandbox(headers: CIMultiDict[str]) -> None:
+    """Take the :func:`origin_wide` headers out of a response's ``headers`` (a node's,
+    passed on) and put :data:`SANDBOX_HEADERS` in."""
+    for name in {n for n in headers if origin_wide(n)}:
+        del headers[name]
+    headers.update(SANDBOX_HEADERS)
 
 
 class UpstreamChannel:
