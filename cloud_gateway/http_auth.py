@@ -84,7 +84,7 @@ async def authorised(
         user, password = pair
         if token_as_password and _token_ok(password, tokens):
             return None
-        if basic and await basic.verify(user, password):
+        if basic and await basic.verify(user, password, source=request.remote or None):
             return None
         _log_refused(
             "HTTP %s %s refused: wrong password for basic user %r from %r",

@@ -113,6 +113,22 @@ async def test_gateway_serves_https_with_basic_auth_beside_bearer_tokens(tmp_pat
     assert failures["bad_password"] == 2 and failures["missing"] >= 1, failures
 
 
+async def test_wrong_passwords_are_throttled_per_client_address(tmp_path: Path) -> None:
+    """Issue 24 #6: after BasicAuth's failure budget from one address, that address gets a
+    401 without a bcrypt, the right password too; a bearer token is not a password."""
+    cfg = tls_gateway(tmp_path, f"basic_auth_users:\n  {USER}: '{HASH}'\n")
+    async with running_gateway(cfg) as gw:
+        url = f"http://127.0.0.1:{gw.http_port}"
+        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+            for guess in range(20):
+                wrong = await client.get("/metrics", auth=(USER, f"wrong {guess}"))
+                assert wrong.status_code == 401
+            right = await client.get("/metrics", auth=(USER, PASSWORD))
+            assert right.status_code == 401, "127.0.0.1 is throttled after 20 wrong passwords"
+            token = await client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert token.status_code == 200
+
+
 async def test_forward_proxy_takes_basic_users_and_the_token_as_password(tmp_path: Path) -> None:
     tls = make_tls(tmp_path / "tls")
     async with running_gateway(tls_gateway(tmp_path, web_config(tls))) as gw:
