@@ -45,8 +45,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/gateway_ingest.py
 
 # Coverage-guided fuzzing (atheris) of the frame decoder, the record decoder, the proxy's
-# HTTP handling and the ingest path, FUZZ_SECONDS each, one after another; the corpus
-# grows in build/fuzz/. make test runs each for 15 s (tests/test_fuzz_short.py).
+# HTTP handling, the ingest path and the agent's HTTP server, FUZZ_SECONDS each, one after
+# another; the corpus grows in build/fuzz/. make test runs each for 15 s
+# (tests/test_fuzz_short.py).
 FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
 	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
