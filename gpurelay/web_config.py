@@ -235,6 +235,8 @@ def server_context(tls: TlsServerConfig) -> ssl.SSLContext:
 
 def parse_basic(credentials: str) -> tuple[str, str] | None:
     """``(user, password)`` from the base64 part of ``Authorization: Basic ...``."""
+    if not credentials.isascii():  # a header value is Latin-1; base64 raises ValueError
+        return None
     try:
         decoded = base64.b64decode(credentials.strip(), validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
