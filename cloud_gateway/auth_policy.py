@@ -191,3 +191,21 @@ def load_trusted_cas(path: Path) -> list[asyncssh.SSHKey]:
     if not keys:
         raise CertError(f"trusted CA file {path} holds no public key")
     return keys
+
+
+def refusal(
+    username: str,
+    cert: object,
+    *,
+    trusted_cas: Sequence[asyncssh.SSHKey],
+    revoked: RevocationList,
+    now: float,
+) -> tuple[str, str] | None:
+    """:func:`check_user_certificate` on what a connection presented (``None`` when it
+    logged in some other way): its reason code and log line, or None when it logs in now."""
+    if not isinstance(cert, SSHOpenSSHCertificate):
+        return "not_a_user_cert", f"{username!r} is not authenticated by a certificate"
+    reason = check_user_certificate(
+        username, cert, trusted_cas=trusted_cas, revoked=revoked, now=now
+    )
+    return None if reason is None else (reason, describe(reason, username, cert))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import asyncssh
 
-from cloud_gateway.auth_policy import format_time, node_name_problem
+from cloud_gateway.auth_policy import format_time, node_name_problem, refusal
 from cloud_gateway.directory import DirectoryError
 from cloud_gateway.directory_nonces import MemoryNonces
 from cloud_gateway.errors import GatewayConfigError, GatewayError
@@ -241,9 +241,7 @@ class Enrollment:
             check_node_key(public_key, min_rsa_bits=self.section.min_rsa_bits)
             if token is not None:
                 await self._use(node, token, public_key)
-            elif certificate is None:
-                raise SigningRefused("not authenticated by certificate")
-            else:
+            else:  # the whole login policy, now; then the budget's slot, before any await
                 self._check_renewal(node, certificate)
                 self._renew_budget(node)
             issued = await self.signer.sign(
@@ -262,8 +260,6 @@ class Enrollment:
             _finish(process, error_line("the gateway cannot sign now"), EXIT_REFUSED)
             return
         self.issued[kind] += 1
-        if kind == "renew":
-            self._note_renewal(node, time.monotonic())
         node_log(node).info("%s", issued.describe(kind))
         _finish(process, issued.certificate + "\n", EXIT_OK, stdout=True)
 
@@ -288,19 +284,21 @@ class Enrollment:
         self._renewed[node] = now
 
     def _renew_budget(self, node: str) -> None:
-        last = self._renewed.get(node)
-        if last is not None and time.monotonic() - last < self.renew_interval:
-            raise SigningRefused(
-                "renewed too recently",
-                f"at most one renewal per {self.renew_interval:g}s per node on this gateway",
-            )
+        """Take the node's slot or refuse; taken before signing (an await), or 20 parallel
+        renewals get 20 certificates. A refused signing still costs the slot."""
+        now, last = time.monotonic(), self._renewed.get(node)
+        if last is not None and now - last < self.renew_interval:
+            budget = f"at most one renewal per {self.renew_interval:g}s per node on this gateway"
+            raise SigningRefused("renewed too recently", budget)
+        self._note_renewal(node, now)
 
-    def _check_renewal(self, node: str, certificate: object) -> None:
-        key = getattr(certificate, "key", None)
-        fingerprint = key.get_fingerprint("sha256") if key is not None else None
-        rule = self._revoked().is_revoked(node=node, key_fingerprint=fingerprint)
-        if rule is not None:
-            raise SigningRefused(REASON_REVOKED, f"revoked by '{rule}'")
+    def _check_renewal(self, node: str, cert: object) -> None:
+        """The certificate presented logs in *now* (it may be revoked or expired since)."""
+        now, revoked = self.clock(), self._revoked()
+        refused = refusal(node, cert, trusted_cas=self.trusted_cas, revoked=revoked, now=now)
+        if refused is not None:
+            code, detail = refused
+            raise SigningRefused(REASON_REVOKED if code == "revoked" else code, detail)
 
 
 def _agent_reason(code: str) -> str:

@@ -62,8 +62,14 @@ class ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
 
     _policy: CertificatePolicy
 
-    def __init__(self, policy: CertificatePolicy, endpoints: EndpointTable | None) -> None:
+    def __init__(
+        self,
+        policy: CertificatePolicy,
+        endpoints: EndpointTable | None,
+        live: set[ConnectionAuth] | None = None,
+    ) -> None:
         self._policy = policy
+        self._live = live  # every certificate-authenticated connection, for revalidation
         self._endpoints = endpoints
         self._conn: asyncssh.SSHServerConnection | None = None
         self._username = ""
@@ -116,8 +122,18 @@ class ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
     def validate_ca_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         return self._policy.is_trusted_ca(key)
 
+    @property
+    def node(self) -> str:
+        return self._username
+
+    @property
+    def connection(self) -> asyncssh.SSHServerConnection | None:
+        return self._conn
+
     def auth_completed(self) -> None:
         self._authenticated = True
+        if self._live is not None and self.certificate is not None:
+            self._live.add(self)  # re-checked on every tick until it is gone
         if self._conn is not None:
             self.enrollment_authenticated(self._conn)  # an enroll: connection's idle timer
 
@@ -142,6 +158,8 @@ class ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.enrollment_opened()  # no idle timer left behind
+        if self._live is not None:
+            self._live.discard(self)
         if not self._authenticated and self._reason:
             self._policy.failures[self._reason] += 1
             if self._reason == "enroll_throttled":

@@ -37,6 +37,7 @@ from cloud_gateway.enrollment import serve_enrollment, wants_enrollment
 from cloud_gateway.errors import listen_error
 from cloud_gateway.proxy_listener import ProxiedListener
 from cloud_gateway.ssh_auth import CertificatePolicy, ConnectionAuth, node_log
+from gpurelay.enrollment import EXIT_REFUSED, error_line
 from gpurelay.wire import (
     READ_CHUNK,
     SUBSYSTEM,
@@ -123,6 +124,8 @@ class SshServer:
         self._login_timeout = login_timeout
         self._server: asyncssh.SSHAcceptor | None = None
         self._channels: set[_TelemetryChannel] = set()
+        self._authenticated: set[ConnectionAuth] = set()  # by certificate, still open
+        self._enrolling: set[asyncssh.SSHServerConnection] = set()  # a renewal in progress
         self.protocol_errors: Counter[str] = Counter()
         self.port = 0
         # One read with DECLAREs at a time per turn of the event loop (see _handle).
@@ -144,7 +147,9 @@ class SshServer:
                 host,
                 port,
                 server_host_keys=keys,
-                server_factory=lambda: ConnectionAuth(self.policy, self.endpoints),
+                server_factory=lambda: ConnectionAuth(
+                    self.policy, self.endpoints, self._authenticated
+                ),
                 process_factory=self._process,
                 encoding=None,
                 allow_scp=False,
@@ -166,7 +171,7 @@ class SshServer:
         peer = process.get_extra_info("peername")
         remote = f"{peer[0]}:{peer[1]}" if peer else "?"
         if wants_enrollment(process, node):  # gpurelay-enroll/-renew, anything of enroll:
-            await serve_enrollment(self.policy.enrollment, process, node)
+            await self._enrollment(process, node)
             return
         if process.subsystem != SUBSYSTEM:
             process.stderr.write(b"only the gpurelay subsystem is offered here\n")
@@ -192,25 +197,46 @@ class SshServer:
         finally:
             self._channels.discard(channel)
 
+    async def _enrollment(self, process: asyncssh.SSHServerProcess[bytes], node: str) -> None:
+        """One enrollment or renewal at a time per connection: a second channel is refused
+        at once, before it can hold a slot (or a signer) for the key it never sends."""
+        conn = process.get_extra_info("connection")
+        if conn in self._enrolling:
+            self.protocol_errors["too_many_renewals"] += 1
+            node_log(node).warning("refused %s: one at a time per connection", process.subsystem)
+            process.stderr.write(error_line("one renewal at a time per connection").encode())
+            process.exit(EXIT_REFUSED)
+            return
+        self._enrolling.add(conn)
+        try:
+            await serve_enrollment(self.policy.enrollment, process, node)
+        finally:
+            self._enrolling.discard(conn)
+
     def revalidate(self) -> dict[str, SSHOpenSSHCertificate]:
-        """Re-check every live connection's certificate (revoked or expired since it
-        connected), close those that no longer pass; the others' certificates, by node."""
+        """Re-check every certificate-authenticated connection (revoked or expired since it
+        connected), whatever it holds: telemetry, published endpoints, a renewal, nothing.
+        Close those that no longer pass (their endpoints go with them); the others'
+        certificates, by node."""
         passed: dict[str, SSHOpenSSHCertificate] = {}
-        for channel in list(self._channels):
-            cert = channel.auth.certificate if channel.auth is not None else None
-            if cert is None:
+        for auth in list(self._authenticated):
+            cert, conn, node = auth.certificate, auth.connection, auth.node
+            if cert is None or conn is None:
                 continue
-            reason = self.policy.check(channel.node, cert)
-            if reason is not None:
-                self.policy.failures[reason] += 1
-                channel.log.warning(
-                    "certificate no longer accepted (%s): %s",
-                    reason,
-                    describe(reason, channel.node, cert),
-                )
+            reason = self.policy.check(node, cert)
+            if reason is None:
+                passed[node] = cert
+                continue
+            self._authenticated.discard(auth)  # counted and logged once
+            self.policy.failures[reason] += 1
+            node_log(node).warning(
+                "certificate no longer accepted (%s): %s", reason, describe(reason, node, cert)
+            )
+            channels = [c for c in self._channels if c.conn is conn]
+            for channel in channels:
                 channel.close(f"certificate {reason}")
-            else:
-                passed[channel.node] = cert
+            if not channels:
+                conn.close()
         return passed
 
     @property

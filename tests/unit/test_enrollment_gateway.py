@@ -141,7 +141,7 @@ def test_renewal_checks_the_connections_key_against_the_revocation_list(
     enrolling.revocations = RevocationWatcher(ca.revocations)
     with pytest.raises(SigningRefused) as refused:
         enrolling._check_renewal("edge-1", cert)
-    assert refused.value.reason == "node revoked" and "key SHA256:" in str(refused.value)
+    assert refused.value.reason == "node revoked" and "key=SHA256:" in str(refused.value)
 
 
 def test_revoked_nodes_and_keys_get_nothing(ca: certs.CaPaths) -> None:
