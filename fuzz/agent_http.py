@@ -78,7 +78,7 @@ class Loud(logging.Handler):
 class NoUsers:
     """``basic_auth_users`` without bcrypt: no user name and password pair is right."""
 
-    async def verify(self, user: str, password: str) -> bool:
+    async def verify(self, user: str, password: str, *, source: str | None = None) -> bool:
         return False
 
 
