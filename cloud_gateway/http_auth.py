@@ -13,14 +13,14 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from cloud_gateway.api_models import ErrorBody
-from cloud_gateway.http_listener import Throttled
 from cloud_gateway.http_state import STATE, error_response, route_template
+from gpurelay.logs import Throttled
 from gpurelay.web_config import BASIC_CHALLENGE, parse_basic
 
 # Values of gpurelay_gateway_http_auth_failures_total{reason}.
 AUTH_FAILURE_REASONS: Final = ("missing", "bad_token", "bad_password", "malformed")
 BEARER_CHALLENGE: Final = 'Bearer realm="cloud-gateway"'
-_log_refused = Throttled(logging.WARNING)
+_log_refused = Throttled(logging.getLogger("cloud_gateway.http"), logging.WARNING)
 
 
 def _refused(

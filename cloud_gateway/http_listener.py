@@ -46,6 +46,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from cloud_gateway.errors import listen_error
+from gpurelay.logs import Throttled
 
 log = logging.getLogger("cloud_gateway.http")
 
@@ -66,29 +67,6 @@ class ConnectionStats:
     open: int = 0
     tls_handshake_failures: int = 0
     closed: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(CLOSE_REASONS, 0)))
-
-
-class Throttled:
-    """One log line per ``every`` seconds at most; the next line counts the ones left out."""
-
-    def __init__(
-        self, level: int, every: float = LOG_EVERY_SECONDS, logger: logging.Logger | None = None
-    ) -> None:
-        self.level, self.every = level, every
-        self._logger = log if logger is None else logger
-        self._next = 0.0
-        self._left_out = 0
-
-    def __call__(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._left_out += 1
-            return
-        if self._left_out:
-            message += " (and %d more like it since the last such line)"
-            args = (*args, self._left_out)
-        self._logger.log(self.level, message, *args)
-        self._next, self._left_out = now + self.every, 0
 
 
 class _ParseErrors(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -232,11 +210,11 @@ class ConnectionGuard:
         self._fresh: dict[_Connection, None] = {}
         self._served: dict[_Connection, None] = {}
         self._by_transport: dict[asyncio.BaseTransport, _Connection] = {}
-        self._log_timeout = Throttled(logging.INFO)
-        self._log_evicted = Throttled(logging.WARNING)
-        self._log_refused = Throttled(logging.WARNING)
-        self._log_handshake = Throttled(logging.INFO)
-        self.log_bad_request = Throttled(logging.WARNING)
+        self._log_timeout = Throttled(log, logging.INFO, LOG_EVERY_SECONDS)
+        self._log_evicted = Throttled(log, logging.WARNING, LOG_EVERY_SECONDS)
+        self._log_refused = Throttled(log, logging.WARNING, LOG_EVERY_SECONDS)
+        self._log_handshake = Throttled(log, logging.INFO, LOG_EVERY_SECONDS)
+        self.log_bad_request = Throttled(log, logging.WARNING, LOG_EVERY_SECONDS)
 
     def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         return lambda: _Connection(self, server)

@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cloud_gateway.http_listener import Throttled
 from cloud_gateway.proxy_protocol import ProxyHeaderError, Reason, parse
+from gpurelay.logs import Throttled
 
 log = logging.getLogger("cloud_gateway.ssh_server.proxy")
 
@@ -183,7 +183,7 @@ class ProxiedListener:
     def log_refused(self, reason: str) -> Throttled:
         """The refusals' log line for ``reason``: one per 10 s at most, counting the rest."""
         if reason not in self._log_refused:
-            self._log_refused[reason] = Throttled(logging.WARNING, logger=log)
+            self._log_refused[reason] = Throttled(log, logging.WARNING)
         return self._log_refused[reason]
 
     def allowed(self, peer: Any) -> bool:

@@ -43,6 +43,8 @@ from urllib.parse import unquote_to_bytes
 
 import h11
 
+from gpurelay.logs import Throttled
+
 log = logging.getLogger("edge_agent.http")
 
 MAX_HEAD: Final = 16 * 1024
@@ -171,25 +173,6 @@ def _path(target: bytes) -> str:
     return path
 
 
-class _Throttled:
-    """One WARNING line per ``LOG_EVERY_SECONDS`` at most; the next counts those left out."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-        self._left_out = 0
-
-    def __call__(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._left_out += 1
-            return
-        if self._left_out:
-            message += " (and %d more like it since the last such line)"
-            args = (*args, self._left_out)
-        log.warning(message, *args)
-        self._next, self._left_out = now + LOG_EVERY_SECONDS, 0
-
-
 @dataclass(eq=False)
 class _Conn:
     task: asyncio.Task[None]
@@ -223,8 +206,8 @@ class HttpServer:
         # the next. A connection handling a request or sending its response is in neither.
         self._fresh: dict[_Conn, None] = {}
         self._kept: dict[_Conn, None] = {}
-        self._log_evicted = _Throttled()
-        self._log_refused = _Throttled()
+        self._log_evicted = Throttled(log, logging.WARNING, LOG_EVERY_SECONDS)
+        self._log_refused = Throttled(log, logging.WARNING, LOG_EVERY_SECONDS)
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:

@@ -138,10 +138,9 @@ def build_pipeline(
     except Exception as exc:
         raise NvmlUnavailable(f"NVML answered but GPUs cannot be listed: {exc}") from exc
     degraded = Degraded()
-    for problem in problems:
-        log.error("%s", problem)
+    for problem in problems:  # logged once there, and shown as gpurelay_agent_degraded
         degraded.report(problem.gpu, problem.part, problem.reason)
-    guard = GpuGuard()  # a thread per GPU: a hung NVML call stalls that GPU, not the cycle
+    guard = GpuGuard()  # its worker thread: a hung NVML call stalls that GPU, not the cycle
     deadline = min(cfg.nvml_deadline_seconds, cfg.interval_seconds)
     xid = XidWatcher(lib, devices)
     a = cfg.attribution

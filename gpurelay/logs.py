@@ -156,3 +156,27 @@ def text_formatter(prefix: str = "", *, journal: bool = False) -> logging.Format
     formatter = OneLineFormatter("%(asctime)s %(levelname)s " + body, datefmt="%Y-%m-%dT%H:%M:%SZ")
     formatter.converter = time.gmtime
     return formatter
+
+
+class Throttled:
+    """A log line at most every ``every`` seconds; the next one counts those left out.
+
+    For lines a client can cause at will (refused connections, evictions): the log says
+    it happens, and how often, without letting a flood write it line by line."""
+
+    def __init__(self, logger: logging.Logger, level: int, every: float = 10.0) -> None:
+        self.level, self.every = level, every
+        self._logger = logger
+        self._next = 0.0
+        self._left_out = 0
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._left_out += 1
+            return
+        if self._left_out:
+            message += " (and %d more like it since the last such line)"
+            args = (*args, self._left_out)
+        self._logger.log(self.level, message, *args)
+        self._next, self._left_out = now + self.every, 0
