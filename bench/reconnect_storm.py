@@ -196,6 +196,15 @@ async def run_storm(
         tasks = [asyncio.create_task(t.run()) for t in tunnels]
         await wait_all(tunnels, gateway, since=0.0, timeout=timeout)
         initial = time.time() - t0
+        # A steady fleet: every agent's snapshot acknowledged. An agent the gateway has not
+        # answered yet has no session that worked: a drop then is a failed attempt, retried
+        # within 2 x backoff, and would crowd the first seconds after a crash by load luck.
+        await wait_for(
+            lambda: all(t.stats.acked_seq >= 1 for t in tunnels),
+            timeout,
+            "every agent's first batch to be acknowledged",
+            alive=(gateway,),
+        )
         # --- the restart ---
         restart = time.time()
         cpu_before = gateway.sample().cpu_seconds
