@@ -12,12 +12,18 @@ Attacks:
   partial   a 4 MiB frame promised, most of it sent, the rest never (until the deadline)
   bomb      REPLAY records of ~16 MiB inflated ([[],[],...] and friends), again and again
   churn     100k series ids declared and retired
+  families  20 rounds of 100 new families (2,000 series) declared, valued, removed, with
+            /metrics scraped whole and by shard each round (issue 24, attack W20)
+
+After each attack the hostile connections close; the RSS then (after 10 s) is printed
+too: memory a closed connection held must be given back.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shutil
 import struct
@@ -26,6 +32,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncssh
@@ -110,11 +117,43 @@ async def churn_attack(writer: asyncssh.SSHWriter[bytes], enc: FrameEncoder) -> 
         await writer.drain()
 
 
+async def families_attack(
+    writer: asyncssh.SSHWriter[bytes],
+    enc: FrameEncoder,
+    scrape: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """``scrape``: /metrics read between the steps (what keeps caches of the families)."""
+    sid = seq = 0
+    for round_ in range(20):
+        series = tuple(
+            SeriesDecl(id=sid + k, name=f"evil_r{round_}_f{k // 20}", type="gauge", help="h",
+                       labels=(("i", str(k % 20)),))
+            for k in range(2000)
+        )  # fmt: skip
+        sid += len(series)
+        writer.write(enc.encode(Declare(series=series)))
+        seq += 1
+        values = tuple((s.id, 1.0) for s in series)
+        writer.write(enc.encode(Batch(seq=seq, timestamp=time.time(), values=values)))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        if scrape is not None:
+            await scrape()
+        seq += 1
+        ids = tuple(s.id for s in series)
+        writer.write(enc.encode(Batch(seq=seq, timestamp=time.time(), values=(), removed=ids)))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        if scrape is not None:
+            await scrape()
+
+
 ATTACKS = {
     "labels": labels_attack,
     "partial": partial_attack,
     "bomb": bomb_attack,
     "churn": churn_attack,
+    "families": families_attack,
 }
 
 
@@ -164,6 +203,17 @@ def promtool_clean(gw: GatewayProc) -> str:
 
 async def run_attack(name: str, pki: Pki, gw: GatewayProc, nodes: int) -> None:
     before, peak_before = await settled_rss(gw), peak_mib(gw)
+
+    async def scrape() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for path in ("/metrics", "/metrics?shard=0&shards=2"):
+                (
+                    await client.get(gw.url + path, headers={"Accept-Encoding": "gzip"})
+                ).raise_for_status()
+
+    attack = ATTACKS[name]
+    if attack is families_attack:
+        attack = functools.partial(families_attack, scrape=scrape)
     conns, tasks = [], []
     for k in range(nodes):
         conn = await connect(pki, gw, f"evil-{name}-{k}")
@@ -171,7 +221,7 @@ async def run_attack(name: str, pki: Pki, gw: GatewayProc, nodes: int) -> None:
         enc = FrameEncoder()
         writer.write(enc.encode(Hello(agent_version="0", node=f"evil-{name}-{k}")))
         conns.append(conn)
-        tasks.append(asyncio.create_task(ATTACKS[name](writer, enc)))
+        tasks.append(asyncio.create_task(attack(writer, enc)))
     await asyncio.gather(*tasks, return_exceptions=True)
     await settled_rss(gw)  # the gateway has taken (or refused) what it was sent
     fresh = honest_fresh(gw, "honest-1")
@@ -180,10 +230,13 @@ async def run_attack(name: str, pki: Pki, gw: GatewayProc, nodes: int) -> None:
     peak = peak_mib(gw)
     for conn in conns:
         conn.close()
+    await asyncio.sleep(10.0)
+    closed = await settled_rss(gw)
     print(
         f"{name:8} {nodes} hostile connections: gateway RSS {before:6.1f} -> {after:6.1f} MiB "
         f"({(after - before) / nodes:5.1f} MiB per connection; peak RSS "
-        f"{peak_before:6.1f} -> {peak:6.1f}); honest node fresh: {fresh}; /metrics {clean}"
+        f"{peak_before:6.1f} -> {peak:6.1f}); {closed:6.1f} MiB 10 s after they closed "
+        f"({closed - before:+.1f}); honest node fresh: {fresh}; /metrics {clean}"
     )
 
 

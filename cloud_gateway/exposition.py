@@ -296,6 +296,11 @@ class Exposition:
             live = {f.name for f, _ in fleet}
             self._pieces = {k: v for k, v in self._pieces.items() if k in live}
             self._seen = {k: v for k, v in self._seen.items() if k in live}
+            # a family gone from the fleet takes its header and shard entries with it (a
+            # node churning family names on one connection grew them for good, issue 24)
+            families = {f for f, _ in fleet}
+            self._headers = {k: v for k, v in self._headers.items() if k[0] in families}
+            self._shards.keep(live)
         self._fleet, self._fleet_key = fleet, self.registry.generation
 
     def _update(self, fs: FamilyState, groups: Sequence[Group]) -> list[Piece]:

@@ -18,6 +18,7 @@ change once. The unsharded body does not pass through here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
@@ -50,6 +51,10 @@ class ShardCache:
                 memo.clear()
             k = memo[node] = shard_of(node, shards)
         return k
+
+    def keep(self, families: Collection[str]) -> None:
+        """Forget the block lists of families no longer in the fleet (they hold blocks)."""
+        self._nodes = {k: v for k, v in self._nodes.items() if k in families}
 
     def block_nodes(self, fs: FamilyState) -> dict[int, str]:
         """``id(block) -> node`` of the family's blocks, kept while its block list is."""

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -338,8 +338,9 @@ class _TelemetryChannel:
                 "ssh.frame_timeout_seconds)",
             ) from None
 
-    async def _handle(self, session: Session, frames: Sequence[Frame]) -> None:
-        """Hand the frames of one read to the session. The frames from the first DECLARE on
+    async def _handle(self, session: Session, frames: Iterator[Frame]) -> int:
+        """Hand the frames of one read to the session, each decoded as it is handled (one
+        frame's objects at a time); returns how many. The frames from the first DECLARE on
         wait for the server's declare gate: a node's first batch after a (re)connect costs
         ~20x a steady one (declaring ~500 series), and when a whole fleet reconnects at once
         their reads are all ready in the same turn of the event loop, which runs them all
@@ -347,24 +348,35 @@ class _TelemetryChannel:
         heartbeats) for ~16 s on 2 cores, long enough for agents to drop their sessions as
         silent and reconnect, over and over. Through the gate, each turn runs one of them
         and then the timers; HELLO (which asks for heartbeats) never waits."""
-        first = next((k for k, f in enumerate(frames) if isinstance(f, Declare)), len(frames))
-        for frame in frames[:first]:
+        handled = 0
+        for frame in frames:
+            handled += 1
+            if isinstance(frame, Declare):
+                return handled + await self._handle_gated(session, frame, frames)
             if isinstance(frame, Hello) and self._server.admission is not None:
                 await self._admit(self._server.admission, frame)
             for reply in session.handle(frame):
                 self._send(reply)
-        if first == len(frames):
-            return
+        return handled
+
+    async def _handle_gated(self, session: Session, first: Frame, rest: Iterator[Frame]) -> int:
+        """The rest of a read from its first DECLARE on, through the declare gate; how many
+        frames after ``first`` were handled."""
         gate = self._server.declare_gate
         if gate.locked():
             self._server.declare_waits += 1
+        handled = 0
         async with gate:
-            for frame in frames[first:]:
+            frame: Frame | None = first
+            while frame is not None:
                 if self._session is None:
-                    return  # closed while waiting
+                    return handled  # closed while waiting
                 for reply in session.handle(frame):
                     self._send(reply)
+                frame = next(rest, None)
+                handled += frame is not None
             await asyncio.sleep(0)  # the next waiter runs in the next turn, after timers
+        return handled
 
     async def _admit(self, admission: Admission, hello: Hello) -> None:
         cert = self.auth.certificate if self.auth is not None else None
@@ -388,16 +400,14 @@ class _TelemetryChannel:
                 if not data or self._session is None:
                     break
                 session.received(len(data))
-                frames = decoder.feed(data)
-                if frames or not decoder.pending:  # a new partial frame gets a new deadline
+                handled = await self._handle(session, decoder.frames(data))
+                if handled or not decoder.pending:  # a new partial frame gets a new deadline
                     self._partial_since = None
                 if decoder.pending and self._partial_since is None:
                     self._partial_since = asyncio.get_running_loop().time()
-                if frames:
-                    await self._handle(session, frames)
-                    if session.ack_due:  # a replay's ACK, or many: one ACK_RANGES per read
-                        for reply in session.flush(force=False):
-                            self._send(reply)
+                if handled and session.ack_due:  # a replay's ACK, or many: one per read
+                    for reply in session.flush(force=False):
+                        self._send(reply)
                 await session.flow()  # held: stop reading, SSH flow control holds the agent
         except WireError as exc:
             self._server.protocol_errors[exc.code] += 1

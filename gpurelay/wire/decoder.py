@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 
 from gpurelay.wire.ackranges import parse_ack_ranges
 from gpurelay.wire.frames import (
@@ -67,28 +68,32 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[Frame]:
         """Buffer ``data``; return the frames it completes, in order."""
+        return list(self.frames(data))
+
+    def frames(self, data: bytes) -> Iterator[Frame]:
+        """:meth:`feed`, a frame at a time: each frame is decoded when the caller asks for
+        the next, so a read of many compressed DECLAREs holds one frame's objects at a
+        time, not all of them (the gateway: attack W17 of issue 24, whose 64 KiB reads
+        each made ~25,000 objects at once and left the heap fragmented after). A caller
+        that stops early leaves the rest of ``data`` undecoded, for good."""
         if self._failed is not None:
             raise WireError(self._failed.code, f"the decoder already failed: {self._failed}")
         buf = self._buf
         buf += data
-        frames: list[Frame] = []
-        pos = 0
         try:
-            while len(buf) - pos >= 4:
-                length = self._header(buf, pos)
-                end = pos + 4 + length
+            while len(buf) >= 4:
+                length = self._header(buf, 0)
+                end = 4 + length
                 if len(buf) < end:
                     break
-                ftype = KNOWN_TYPES[buf[pos + 5]]
-                payload = bytes(buf[pos + 6 : end])
-                pos = end
-                frames.append(self._frame(ftype, payload))
+                ftype = KNOWN_TYPES[buf[5]]
+                payload = bytes(buf[6:end])
+                del buf[:end]  # a bytearray drops its head in place
+                yield self._frame(ftype, payload)
         except WireError as exc:
             self._failed = exc
             buf.clear()
             raise
-        del buf[:pos]
-        return frames
 
     def _header(self, buf: bytearray, pos: int) -> int:
         (length,) = LENGTH.unpack_from(buf, pos)

@@ -69,7 +69,7 @@ async def test_reads_with_declares_run_one_per_turn_and_hellos_do_not_wait() -> 
     reads = [[HELLO, DECLARE, BATCH] for _ in range(8)]  # eight nodes, all ready at once
     sessions = [Recorder(turns, log) for _ in reads]
     await asyncio.gather(
-        *(channel(srv, s)._handle(s, frames) for s, frames in zip(sessions, reads, strict=True))  # type: ignore[arg-type]
+        *(channel(srv, s)._handle(s, iter(frames)) for s, frames in zip(sessions, reads, strict=True))  # type: ignore[arg-type]
     )
     turns.stop()
     hellos = [t for name, t in log if name == "Hello"]
@@ -96,7 +96,7 @@ async def test_a_timer_runs_between_two_declare_reads() -> None:
             loop.call_later(0, lambda: fired.append(turns.n))
 
     sessions = [Recorder(turns, log, arm) for _ in range(3)]
-    await asyncio.gather(*(channel(srv, s)._handle(s, [DECLARE]) for s in sessions))  # type: ignore[arg-type]
+    await asyncio.gather(*(channel(srv, s)._handle(s, iter([DECLARE])) for s in sessions))  # type: ignore[arg-type]
     turns.stop()
     declares = [t for _, t in log]
     assert len(fired) == 2 and declares[0] < fired[1] < declares[-1], (declares, fired)

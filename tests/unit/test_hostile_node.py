@@ -4,6 +4,7 @@ attacks are in tests/integration/test_hostile_node_ssh.py."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import struct
@@ -285,3 +286,57 @@ def test_one_help_per_family_for_the_fleet() -> None:
     assert family.help == "GPU utilization (in %)." and len(blocks) == 2
     view = registry.node("evil", now=T0)
     assert view is not None and any("HELP of 1 family" in e.message for e in view.recent_errors)
+
+
+async def test_family_churn_on_a_live_connection_is_given_back() -> None:
+    """Attack W20 (issue 24): a connected node declares new families, sends them, removes
+    them, round after round, while /metrics is scraped whole and by shard. Each family
+    gone from the fleet left its header (and, once a shard scrape had read it, its last
+    blocks) in the exposition's caches: the gateway grew every round, for good."""
+    from cloud_gateway.exposition import Exposition
+
+    reg = Registry()
+    expo = Exposition(reg)
+    ingest = Ingest(reg, clock=lambda: T0)
+    session = ingest.open_session("evil", "10.0.0.9:1", lambda reason: None)
+    session.handle(Hello(agent_version="0", node="evil"))
+    sid = seq = 0
+
+    async def churn(round_: int) -> None:
+        nonlocal sid, seq
+        decls = [
+            decl(sid + k, f"evil_r{round_}_f{k // 20}", (("i", str(k % 20) + "x" * 40),))
+            for k in range(2000)
+        ]
+        sid += len(decls)
+        session.handle(Declare(series=tuple(decls)))
+        seq += 1
+        session.handle(Batch(seq=seq, timestamp=T0, values=tuple((d.id, 1.5) for d in decls)))
+        await scrape()
+        seq += 1
+        removed = tuple(d.id for d in decls)
+        session.handle(Batch(seq=seq, timestamp=T0, values=(), removed=removed))
+        await scrape()
+
+    async def scrape() -> None:
+        for gzip in (False, True):
+            expo.scrape(openmetrics=False, gzip=gzip).join()
+            await expo.scrape_shard_async(0, 2, openmetrics=False, gzip=gzip)
+
+    for round_ in range(3):  # every cache made, every table at the size churn needs
+        await churn(round_)
+    tracemalloc.start()
+    try:
+        gc.collect()  # records and blocks point at each other: count what cycles keep
+        before, _ = tracemalloc.get_traced_memory()
+        for round_ in range(3, 13):
+            await churn(round_)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert reg.family_states() == []
+    # 10 rounds of 100 families and 2,000 series each kept 2.0 MB before (~200 KB a
+    # round, for good); what stays now is the node's id and series tables (~150 KB, as
+    # big as one round's 2,000 series need), not something per round
+    assert grown < 256 * 1024, f"{grown} bytes kept after 10 rounds of 100 families"

@@ -644,3 +644,24 @@ def test_heartbeat_round_trips_and_hello_carries_the_period_only_when_asked() ->
         body = dump_json({**hello_json(hello), "heartbeat_seconds": bad})
         with pytest.raises(WireError, match="heartbeat_seconds"):
             parse_hello(body)
+
+
+def test_frames_decodes_a_read_one_frame_at_a_time() -> None:
+    """The gateway decodes a read as it handles it (issue 24, W17): a frame is decoded only
+    when asked for, the ones before a bad frame are handed out first, and feed() is the
+    same frames as a list."""
+    enc = FrameEncoder()
+    hello = enc.encode(Hello(agent_version="1", node="n"))
+    declare = enc.encode(Declare(series=(SeriesDecl(id=0, name="m", type="gauge", help="h", labels=()),)))
+    read = hello + declare + b"\x00\x00\x00\x02\x01\xee"  # then a frame of an unknown type
+    dec = FrameDecoder()
+    frames = dec.frames(read)
+    assert isinstance(next(frames), Hello)
+    assert dec.pending == len(read) - len(hello)  # the rest is not decoded yet
+    assert isinstance(next(frames), Declare)
+    with pytest.raises(WireError):
+        next(frames)
+    assert FrameDecoder().feed(hello + declare) == [
+        Hello(agent_version="1", node="n"),
+        Declare(series=(SeriesDecl(id=0, name="m", type="gauge", help="h", labels=()),)),
+    ]
