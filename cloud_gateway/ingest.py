@@ -343,6 +343,9 @@ class NodeSession:
             message = f"{len(declared.rejected)} series rejected, e.g. {first.name}: {first.reason}"
             self.log.warning(message)
             ingest.registry.record_error(self.node, message, ingest.clock())
+        for loser, why in declared.lost:  # a family retyped by the majority of nodes
+            node_log(loser).warning("%s", why)
+            ingest.registry.record_error(loser, why, ingest.clock())
         if declared.help_conflicts:
             ingest.stats.help_conflicts += len(declared.help_conflicts)
             names = declared.help_conflicts

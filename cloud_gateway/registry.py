@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from bisect import insort
 
+from cloud_gateway import family_types
 from cloud_gateway import series_policy as policy
 from cloud_gateway.liveness import Arrivals
 from cloud_gateway.node_labels import NODE_LABELS, stamp_node
+from cloud_gateway.registry_reads import RegistryReads
 from cloud_gateway.registry_records import FamilyState, Group, NodeRecord, SeriesRecord
 from cloud_gateway.registry_types import (
     FB_FAMILIES,
@@ -47,7 +49,8 @@ from cloud_gateway.registry_types import (
     Rejected,
     StaleConnection,
 )
-from gpurelay.model import Family, Labels
+from gpurelay.families import known
+from gpurelay.model import Labels
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 __all__ = [
@@ -70,7 +73,9 @@ __all__ = [
 ]
 
 
-class Registry:
+class Registry(RegistryReads):
+    """The registry's changes; what it is asked is :class:`RegistryReads`'."""
+
     def __init__(
         self, config: RegistryConfig | None = None, *, lines: LineFormat | None = None
     ) -> None:
@@ -139,18 +144,24 @@ class Registry:
     def declare(self, node: str, conn_id: int, decl: Declare) -> Declared:
         n = self._current(node, conn_id)
         rejected: list[Rejected] = []
-        other_help = {
+        other_help = {  # a catalogued family's HELP is the catalogue's, not the node's
             sd.name
             for sd in decl.series
-            if (fs := self._families.get(sd.name)) is not None and fs.family.help != sd.help
+            if (fs := self._families.get(sd.name)) is not None
+            and fs.family.help != sd.help
+            and known(sd.name) is None
         }
+        lost: list[tuple[str, str]] = []
         for sd in decl.series:
-            refusal = self._declare_one(n, sd)
+            refusal = self._declare_one(n, sd, lost)
             if refusal is not None:
                 n.rejected.add(sd.id)
                 rejected.append(Rejected(sd.id, sd.name, refusal.message, refusal.code))
         return Declared(
-            len(decl.series) - len(rejected), tuple(rejected), tuple(sorted(other_help))
+            len(decl.series) - len(rejected),
+            tuple(rejected),
+            tuple(sorted(other_help)),
+            tuple(lost),
         )
 
     def apply(
@@ -210,19 +221,6 @@ class Registry:
             n.duplicates += 1
         return Applied(seq=seq, duplicate=duplicate)
 
-    def samples(self, node: str) -> list[tuple[Labels, float]]:
-        """The full current state of a node's live series: ``(labels, value)`` with the
-        labels as remote write wants them, ``(("__name__", name), *stamped labels)``."""
-        n = self._nodes.get(node)
-        if n is None:
-            return []
-        lines = self.lines
-        return [
-            (s.labels or s.read_labels(n, lines), value)
-            for g in n.groups.values()
-            for s, value in zip(g.members, g.values, strict=True)
-        ]
-
     def expire(self, now: float) -> list[str]:
         """Drop the series of nodes offline for longer than the grace; keep the nodes."""
         expired = []
@@ -238,19 +236,6 @@ class Registry:
             self.generation += 1
         return expired
 
-    # --- reading -------------------------------------------------------------------
-
-    def node(self, name: str, *, now: float) -> NodeView | None:
-        n = self._nodes.get(name)
-        return None if n is None else self._view(n, now)
-
-    def nodes(self, now: float, state: NodeState | None = None) -> list[NodeView]:
-        views = [self._view(self._nodes[name], now) for name in self._names]
-        return [v for v in views if state is None or v.state == state]
-
-    def states(self, now: float) -> dict[str, NodeState]:
-        return {name: self._state(self._nodes[name], now) for name in self._names}
-
     def refresh(self, now: float) -> list[tuple[str, NodeState]]:
         """Publish the states that time changed (online nodes that became late): the
         nodes that changed and their new state. Called on the gateway's tick."""
@@ -264,62 +249,6 @@ class Registry:
         if changed:
             self.generation += 1
         return changed
-
-    def liveness(self) -> list[Liveness]:
-        """Per node, sorted by name: its published state, the last time it was heard
-        from, and how long it may go without a batch before it is stale."""
-        out = []
-        for name in self._names:
-            n = self._nodes[name]
-            arrivals = n.arrivals
-            late = None if arrivals is None else arrivals.late_after(self.config.liveness)
-            out.append(Liveness(n.name, n.state, n.last_seen, late))
-        return out
-
-    def silent_after(self, node: str) -> float | None:
-        """Seconds without any data after which the node's connection should be closed
-        (``None``: not connected)."""
-        n = self._nodes.get(node)
-        arrivals = n.arrivals if n is not None and n.connected else None
-        return None if arrivals is None else arrivals.silent_after(self.config.liveness)
-
-    def latest(self, node: str, family: str) -> list[tuple[Labels, float]]:
-        """Labels and value of a node's live series of a tracked family (config)."""
-        n = self._nodes.get(node)
-        if n is None:
-            return []
-        return [
-            ((s.labels or s.read_labels(n, self.lines))[1:], g.values[s.pos])
-            for s in n.tracked
-            if (g := s.group) is not None and s.fs.family.name == family
-        ]
-
-    def family_groups(self) -> list[tuple[Family, list[Group]]]:
-        """:meth:`family_states` with the families only."""
-        return [(fs.family, groups) for fs, groups in self.family_states()]
-
-    def family_states(self) -> list[tuple[FamilyState, list[Group]]]:
-        """Families sorted by name, each with its (family, node) blocks in node order. A
-        block's ``version`` changes with its text, a family's with any of its blocks;
-        :meth:`render` makes a block's text (the caller keeps it)."""
-        if self._family_order is None:
-            self._family_order = [self._families[k] for k in sorted(self._families)]
-        out = []
-        for fs in self._family_order:
-            if fs.ordered is None:
-                fs.ordered = [fs.groups[k] for k in sorted(fs.groups)]
-            if fs.ordered:
-                out.append((fs, fs.ordered))
-        return out
-
-    def render(self, group: Group) -> bytes:
-        """One block's lines (a ``%`` of its template over its values)."""
-        self.blocks_rendered += 1
-        return group.render(self.lines)
-
-    def family_blocks(self) -> list[tuple[Family, list[bytes]]]:
-        """:meth:`family_groups` with every block rendered (tests, benches)."""
-        return [(fam, [self.render(g) for g in groups]) for fam, groups in self.family_groups()]
 
     # --- internals -----------------------------------------------------------------
 
@@ -367,9 +296,11 @@ class Registry:
             g.fs.version += 1
         return changed, unknown
 
-    def _declare_one(self, n: NodeRecord, sd: SeriesDecl) -> policy.Refusal | None:
+    def _declare_one(
+        self, n: NodeRecord, sd: SeriesDecl, lost: list[tuple[str, str]]
+    ) -> policy.Refusal | None:
         """Bind one declared series to its record (found by identity in constant time, or
-        made), or say why not."""
+        made), or say why not. ``lost``: gets the nodes a retype of the family costs."""
         refusal = self.refuses(sd.name, sd.labels)
         if refusal is not None:
             return refusal
@@ -378,12 +309,12 @@ class Registry:
                 policy.DUPLICATE_ID, f"series id {sd.id} is already declared on this connection"
             )
         fs = self._families.get(sd.name)
-        if fs is not None and fs.family.type != sd.type:
-            return policy.Refusal(
-                policy.TYPE_CONFLICT,
-                f"family {sd.name} is a {fs.family.type} (first declared by node "
-                f"{fs.first_node!r}); this series declares it a {sd.type}",
-            )
+        verdict = family_types.judge(fs, sd, n.name)
+        if isinstance(verdict, policy.Refusal):
+            return verdict
+        if verdict is family_types.RETYPE and fs is not None:
+            lost.extend(self._retype(fs, sd.type))
+            fs = self._families.get(sd.name)
         # not shared (NodeRecord.shared): held only until the series' first value
         labels = stamp_node(sd.labels, n.name, self.config.node_label)
         identity = policy.identity(sd.name, labels)
@@ -421,13 +352,12 @@ class Registry:
         identity: bytes,
     ) -> SeriesRecord:
         if fs is None:
-            fs = self._families[sd.name] = FamilyState(
-                Family(name=sd.name, type=sd.type, help=sd.help), n.name
-            )
+            fs = self._families[sd.name] = FamilyState(family_types.family_of(sd), n.name)
             self._family_order = None
         s = SeriesRecord(fs, (fs.name_label, *labels), n.conn_id, sd.id)
         s.identity, s.cost = identity, policy.label_bytes(sd.name, labels)
         fs.refs += 1
+        fs.holders[n.name] = fs.holders.get(n.name, 0) + 1
         n.series[identity] = s
         n.label_bytes += s.cost
         if sd.name in self.config.tracked_families:
@@ -473,7 +403,22 @@ class Registry:
         n.tracked.discard(s)
         if s.conn == n.conn_id and n.ids.get(s.sid) is s:
             del n.ids[s.sid]
-        self._unref(fs)
+        self._unref(fs, n.name)
+
+    def _retype(self, fs: FamilyState, new_type: str) -> list[tuple[str, str]]:
+        """More nodes declared ``fs`` with ``new_type`` than hold it: the holders' series of
+        it go (a live one's id is refused from now on) and the family with them."""
+        why = family_types.lost_message(fs.family, new_type, len(fs.challengers[new_type]))
+        lost = []
+        for name in list(fs.holders):
+            n = self._nodes[name]
+            for s in [s for s in n.series.values() if s.fs is fs]:
+                if s.conn == n.conn_id and n.ids.get(s.sid) is s:
+                    n.rejected.add(s.sid)
+                self._remove(n, s)
+            lost.append((name, why))
+        self.generation += 1
+        return lost
 
     def _drop_all(self, n: NodeRecord) -> None:
         for g in n.groups.values():
@@ -481,20 +426,17 @@ class Registry:
             g.fs.ordered = None
             g.fs.version += 1
         for s in n.series.values():
-            self._unref(s.fs)
+            self._unref(s.fs, n.name)
         n.groups, n.series, n.tracked, n.ids = {}, {}, set(), {}
         n.label_bytes = 0
 
-    def _unref(self, fs: FamilyState) -> None:
+    def _unref(self, fs: FamilyState, node: str) -> None:
         fs.refs -= 1
+        held = fs.holders[node] - 1
+        if held:
+            fs.holders[node] = held
+        else:
+            del fs.holders[node]
         if fs.refs == 0 and self._families.get(fs.family.name) is fs:
             del self._families[fs.family.name]
             self._family_order = None
-
-    def _state(self, n: NodeRecord, now: float) -> NodeState:
-        if not n.connected or n.arrivals is None:
-            return "offline"
-        return "stale" if n.arrivals.is_late(self.config.liveness, now) else "online"
-
-    def _view(self, n: NodeRecord, now: float) -> NodeView:
-        return n.view(self._state(n, now))

@@ -18,11 +18,23 @@ from gpurelay.wire import Hello
 
 
 class FamilyState:
-    __slots__ = ("family", "first_node", "groups", "name_label", "ordered", "refs", "version")
+    __slots__ = (
+        "challengers",
+        "family",
+        "first_node",
+        "groups",
+        "holders",
+        "name_label",
+        "ordered",
+        "refs",
+        "version",
+    )
 
     def __init__(self, family: Family, first_node: str) -> None:
         self.family = family
         self.first_node = first_node
+        self.holders: dict[str, int] = {}  # node -> its series records of this family
+        self.challengers: dict[str, set[str]] = {}  # another TYPE -> nodes that declared it
         self.name_label = ("__name__", family.name)  # shared by the family's label tuples
         self.groups: dict[str, Group] = {}  # node -> block of that node's lines
         self.ordered: list[Group] | None = None  # groups by node name

@@ -83,6 +83,9 @@ class Declared:
     # families whose HELP this node gave differently from the fleet's (first declaration);
     # the series are kept, under the fleet's HELP: one HELP per family
     help_conflicts: tuple[str, ...] = ()
+    # (node, why): nodes whose series of a family were dropped because more nodes declared
+    # it with another TYPE (cloud_gateway.family_types); the caller tells them
+    lost: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

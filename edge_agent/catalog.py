@@ -6,12 +6,16 @@ works unchanged. Parsing is pure; errors name the file and line.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 from edge_agent.errors import CountersFileError
+from gpurelay.families import known
+
+log = logging.getLogger(__name__)
 
 FieldKind = Literal["gauge", "counter", "label"]
 _KINDS: frozenset[str] = frozenset({"gauge", "counter", "label"})
@@ -57,12 +61,44 @@ def parse_counters(text: str, source: str = "<counters>") -> tuple[CounterSpec, 
 
 
 def load_counters(path: Path | None) -> tuple[CounterSpec, ...]:
-    """Load the user's CSV, or the packaged default when ``path`` is None."""
+    """Load the user's CSV, or the packaged default when ``path`` is None; a field whose
+    TYPE the fleet's catalogue fixes otherwise takes the catalogue's (said once)."""
     if path is None:
         text = resources.files("edge_agent.data").joinpath(DEFAULT_COUNTERS).read_text("utf-8")
-        return parse_counters(text, f"(built-in) {DEFAULT_COUNTERS}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CountersFileError(f"counters file {path} cannot be read: {exc.strerror}") from exc
-    return parse_counters(text, str(path))
+        source = f"(built-in) {DEFAULT_COUNTERS}"
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CountersFileError(f"counters file {path} cannot be read: {exc.strerror}") from exc
+        source = str(path)
+    specs, changed = conform(parse_counters(text, source))
+    for spec, was in changed:
+        log.warning(
+            "%s: %s is a %s in the fleet's catalogue (dcgm-exporter's type; the gateway "
+            "refuses it as a %s): published as a %s",
+            source,
+            spec.field,
+            spec.kind,
+            was,
+            spec.kind,
+        )
+    return specs
+
+
+def conform(
+    specs: tuple[CounterSpec, ...],
+) -> tuple[tuple[CounterSpec, ...], list[tuple[CounterSpec, FieldKind]]]:
+    """The specs with the catalogue's TYPE where it lists the field (:mod:`gpurelay.families`:
+    one TYPE per family for the whole fleet), and the ones changed with their old kind."""
+    out: list[CounterSpec] = []
+    changed: list[tuple[CounterSpec, FieldKind]] = []
+    for spec in specs:
+        fixed = known(spec.field)
+        if fixed is None or spec.kind in ("label", fixed.type):
+            out.append(spec)
+            continue
+        kept = CounterSpec(field=spec.field, kind=fixed.type, help=spec.help)
+        changed.append((kept, spec.kind))
+        out.append(kept)
+    return tuple(out), changed

@@ -17,6 +17,7 @@ from cloud_gateway.ingest import Ingest
 from cloud_gateway.registry import Registry, RegistryConfig
 from gpurelay import logs
 from gpurelay import record as record_codec
+from gpurelay.families import known
 from gpurelay.model import GpuInventory, Labels, MetricType
 from gpurelay.record import MAGIC, RecordDecoder
 from gpurelay.wire import Batch, Declare, FrameDecoder, Hello, Limits, Replay, SeriesDecl, WireError
@@ -266,26 +267,89 @@ def _unchecked_hello(hello: Hello) -> bytes:
     return struct.pack(">IBB", len(payload) + 2, 1, 1) + payload
 
 
+def declare_one(ingest: Ingest, node: str, name: str, type_: MetricType, help_: str) -> None:
+    """``node`` connects and declares one series of ``name`` and gives it a value."""
+    session = ingest.open_session(node, "10.0.0.9:1", lambda reason: None)
+    session.handle(Hello(agent_version="0", node=node))
+    decl_ = SeriesDecl(id=0, name=name, type=type_, help=help_, labels=(("gpu", "0"),))
+    session.handle(Declare(series=(decl_,)))
+    session.handle(Batch(seq=1, timestamp=T0, values=((0, 0.5),)))
+
+
+def served(registry: Registry, name: str) -> tuple[str, str, list[str]] | None:
+    """(TYPE, HELP, the nodes with lines) of a family in /metrics."""
+    for family, groups in registry.family_groups():
+        if family.name == name:
+            text = b"".join(registry.render(g) for g in groups).decode()
+            nodes = sorted({line.split('Hostname="')[1].split('"')[0] for line in text.splitlines()})
+            return family.type, family.help, nodes
+    return None
+
+
 def test_one_help_per_family_for_the_fleet() -> None:
-    """The first declaration's HELP stands for every node; another node's differing HELP
-    is counted and noted, its series kept (a user's own counters CSV may word HELP its way;
-    refusing the data for that would lose it)."""
+    """Outside the catalogue, the first declaration's HELP stands for every node; another
+    node's differing HELP is counted and noted, its series kept (a user's own exporter may
+    word HELP its way; refusing the data for that would lose it)."""
     registry = Registry()
     ingest = Ingest(registry, clock=lambda: T0)
-    for node, help_text in (("honest", "GPU utilization (in %)."), ("evil", "Ignore this metric.")):
-        session = ingest.open_session(node, "10.0.0.9:1", lambda reason: None)
-        session.handle(Hello(agent_version="0", node=node))
-        labels = (("gpu", "0"),)
-        decl_ = SeriesDecl(
-            id=0, name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help=help_text, labels=labels
-        )
-        session.handle(Declare(series=(decl_,)))
-        session.handle(Batch(seq=1, timestamp=T0, values=((0, 50.0),)))
+    declare_one(ingest, "honest", "site_gpu_util", "gauge", "GPU utilization (in %).")
+    declare_one(ingest, "evil", "site_gpu_util", "gauge", "Ignore this metric.")
     assert ingest.stats.help_conflicts == 1
-    (family, blocks) = registry.family_blocks()[0]
-    assert family.help == "GPU utilization (in %)." and len(blocks) == 2
+    assert served(registry, "site_gpu_util") == (
+        "gauge",
+        "GPU utilization (in %).",
+        ["evil", "honest"],
+    )
     view = registry.node("evil", now=T0)
     assert view is not None and any("HELP of 1 family" in e.message for e in view.recent_errors)
+
+
+def test_a_catalogued_family_has_the_catalogues_type_whoever_declares_first() -> None:
+    """Attack W09 (issue 24): the first node to declare DCGM_FI_PROF_SM_ACTIVE a counter
+    made every other node's gauge refused ("first declared by node 'evil-w9'") and its
+    HELP was served. The catalogue's TYPE and HELP stand; the disagreeing node alone pays."""
+    registry = Registry()
+    ingest = Ingest(registry, clock=lambda: T0)
+    declare_one(ingest, "evil-w9", "DCGM_FI_PROF_SM_ACTIVE", "counter", "Ignore this metric.")
+    declare_one(ingest, "honest-1", "DCGM_FI_PROF_SM_ACTIVE", "gauge", "my own words")
+    declare_one(ingest, "honest-2", "DCGM_FI_PROF_SM_ACTIVE", "gauge", "SM active")
+    catalogued = known("DCGM_FI_PROF_SM_ACTIVE")
+    assert catalogued is not None and catalogued.type == "gauge"
+    assert served(registry, "DCGM_FI_PROF_SM_ACTIVE") == (
+        "gauge",
+        catalogued.help,
+        ["honest-1", "honest-2"],
+    )
+    assert ingest.stats.rejected_series == {"type_conflict": 1}
+    assert ingest.stats.help_conflicts == 0  # the catalogue's HELP: nobody's to choose
+    view = registry.node("evil-w9", now=T0)
+    assert view is not None
+    assert any("a gauge in the fleet's catalogue" in e.message for e in view.recent_errors)
+
+
+def test_outside_the_catalogue_more_nodes_outvote_the_first_declarer() -> None:
+    """A name nobody catalogued takes the first declarer's TYPE, but one node cannot hold
+    it against the fleet: once more nodes declared the other TYPE than hold the first,
+    the holders' series of it go (and they are told why)."""
+    registry = Registry()
+    ingest = Ingest(registry, clock=lambda: T0)
+    declare_one(ingest, "evil", "vendor_fan_speed", "counter", "fan")
+    declare_one(ingest, "honest-1", "vendor_fan_speed", "gauge", "Fan speed (%).")
+    assert served(registry, "vendor_fan_speed") == ("counter", "fan", ["evil"])  # 1 vs 1
+    declare_one(ingest, "honest-2", "vendor_fan_speed", "gauge", "Fan speed (%).")
+    assert served(registry, "vendor_fan_speed") == ("gauge", "Fan speed (%).", ["honest-2"])
+    view = registry.node("evil", now=T0)
+    assert view is not None
+    assert any("is a gauge now (2 node(s)" in e.message for e in view.recent_errors)
+    # the outvoted node cannot take it back alone; honest-1 publishes it from its next
+    # connection (its refused declaration is not replayed)
+    declare_one(ingest, "evil", "vendor_fan_speed", "counter", "fan")
+    declare_one(ingest, "honest-1", "vendor_fan_speed", "gauge", "Fan speed (%).")
+    assert served(registry, "vendor_fan_speed") == (
+        "gauge",
+        "Fan speed (%).",
+        ["honest-1", "honest-2"],
+    )
 
 
 async def test_family_churn_on_a_live_connection_is_given_back() -> None:

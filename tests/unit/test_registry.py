@@ -12,6 +12,7 @@ from cloud_gateway.registry import (
     StaleConnection,
     stamp_node,
 )
+from gpurelay.families import known
 from gpurelay.model import GpuInventory, Labels, MetricType
 from gpurelay.wire import Batch, Declare, Hello, Limits, SeriesDecl, WireError, check_series
 
@@ -335,7 +336,7 @@ def test_declare_rejects_with_clear_reasons() -> None:
     )
     reasons = {r.id: r.reason for r in res.rejected}
     assert res.accepted == 1 and set(reasons) == {0, 2, 5, 6}
-    assert "DCGM_FI_DEV_GPU_UTIL is a gauge (first declared by node 'a')" in reasons[0]
+    assert "DCGM_FI_DEV_GPU_UTIL is a gauge in the fleet's catalogue" in reasons[0]
     assert "reserved" in reasons[2] and "already declared" in reasons[5]
     assert "same name and labels" in reasons[6]
     # values for refused ids are dropped quietly; ids never declared are counted
@@ -349,7 +350,8 @@ def test_declare_rejects_with_clear_reasons() -> None:
     assert more.accepted == 4 and "limit" in more.rejected[0].reason
 
 
-def test_a_different_help_text_is_accepted_and_the_first_one_kept() -> None:
+def test_a_catalogued_family_is_served_with_the_catalogues_help() -> None:
+    """Whatever the first node (or any) words: the catalogue's HELP (issue 24, W09)."""
     reg = Registry()
     online(reg, "a")  # help "help of DCGM_FI_DEV_GPU_UTIL"
     conn = reg.connect("b", remote="r", hello=hello("b"), now=T0)
@@ -359,18 +361,18 @@ def test_a_different_help_text_is_accepted_and_the_first_one_kept() -> None:
     assert reg.declare("b", conn.conn_id, Declare(series=(reworded,))).rejected == ()
     reg.apply("b", conn.conn_id, batch(1, (0, 5.0)), now=T0, size_bytes=1)
     family, blocks = next(fb for fb in reg.family_blocks() if fb[0].name == "DCGM_FI_DEV_GPU_UTIL")
-    assert family.help == "help of DCGM_FI_DEV_GPU_UTIL" and len(blocks) == 2
+    catalogued = known("DCGM_FI_DEV_GPU_UTIL")
+    assert catalogued is not None and family == catalogued and len(blocks) == 2
 
 
 def test_family_is_forgotten_when_its_last_series_goes() -> None:
     reg = Registry(RegistryConfig(offline_grace=0))
-    conn = online(reg, "a")
+    conn = reg.connect("a", remote="r", hello=hello("a"), now=T0)
+    reg.declare("a", conn.conn_id, Declare(series=(decl(0, "site_util", (), "gauge"),)))
     reg.disconnect("a", conn.conn_id, now=T0, reason="eof")
     reg.expire(T0 + 1)
     b = reg.connect("b", remote="r", hello=hello("b"), now=T0 + 1)
-    res = reg.declare(
-        "b", b.conn_id, Declare(series=(decl(0, "DCGM_FI_DEV_GPU_UTIL", (), "counter"),))
-    )
+    res = reg.declare("b", b.conn_id, Declare(series=(decl(0, "site_util", (), "counter"),)))
     assert res.rejected == ()
 
 
