@@ -69,7 +69,10 @@ async def test_reads_with_declares_run_one_per_turn_and_hellos_do_not_wait() -> 
     reads = [[HELLO, DECLARE, BATCH] for _ in range(8)]  # eight nodes, all ready at once
     sessions = [Recorder(turns, log) for _ in reads]
     await asyncio.gather(
-        *(channel(srv, s)._handle(s, iter(frames)) for s, frames in zip(sessions, reads, strict=True))  # type: ignore[arg-type]
+        *(
+            channel(srv, s)._handle(s, iter(frames))
+            for s, frames in zip(sessions, reads, strict=True)
+        )  # type: ignore[arg-type]
     )
     turns.stop()
     hellos = [t for name, t in log if name == "Hello"]

@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import logging
 import pkgutil
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,9 +66,7 @@ def test_every_field_the_agent_can_read_is_catalogued_with_the_default_type() ->
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_a_full_collection_publishes_only_catalogued_families(
-    profile: str, tmp_path: Path
-) -> None:
+def test_a_full_collection_publishes_only_catalogued_families(profile: str, tmp_path: Path) -> None:
     """Every field the agent can read, on every simulated machine, collected twice (rates
     need two readings): each family published is the catalogue's TYPE."""
     counters = tmp_path / "all.csv"
@@ -115,7 +114,7 @@ def test_a_counters_file_with_another_type_publishes_the_catalogues(
 def test_the_catalogue_parses_and_refuses_what_is_not_a_catalogue() -> None:
     assert len(catalogue()) > 90
     assert all(f.help for f in catalogue().values())
-    with pytest.raises(CatalogueError, match="expected 'NAME, gauge|counter, HELP'"):
+    with pytest.raises(CatalogueError, match=re.escape("expected 'NAME, gauge|counter, HELP'")):
         parse_catalogue("m, histogram, h\n")
     with pytest.raises(CatalogueError, match="listed twice"):
         parse_catalogue("m, gauge, h\nm, gauge, h\n")

@@ -281,7 +281,9 @@ def served(registry: Registry, name: str) -> tuple[str, str, list[str]] | None:
     for family, groups in registry.family_groups():
         if family.name == name:
             text = b"".join(registry.render(g) for g in groups).decode()
-            nodes = sorted({line.split('Hostname="')[1].split('"')[0] for line in text.splitlines()})
+            nodes = sorted(
+                {line.split('Hostname="')[1].split('"')[0] for line in text.splitlines()}
+            )
             return family.type, family.help, nodes
     return None
 

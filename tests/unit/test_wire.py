@@ -652,7 +652,9 @@ def test_frames_decodes_a_read_one_frame_at_a_time() -> None:
     same frames as a list."""
     enc = FrameEncoder()
     hello = enc.encode(Hello(agent_version="1", node="n"))
-    declare = enc.encode(Declare(series=(SeriesDecl(id=0, name="m", type="gauge", help="h", labels=()),)))
+    declare = enc.encode(
+        Declare(series=(SeriesDecl(id=0, name="m", type="gauge", help="h", labels=()),))
+    )
     read = hello + declare + b"\x00\x00\x00\x02\x01\xee"  # then a frame of an unknown type
     dec = FrameDecoder()
     frames = dec.frames(read)
