@@ -34,6 +34,7 @@ from cloud_gateway.endpoints import EndpointTable, parse_sibling_rules
 from cloud_gateway.enrollment import build_enrollment
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition import Exposition
+from cloud_gateway.fd_budget import http_cap
 from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http_api import make_app
 from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
@@ -132,8 +133,11 @@ class Gateway:
             self_metrics=self.self_metrics,
         )
         self.web_config = cfg.http.web_config()
+        http_connections, fd_warning = http_cap(cfg.http.max_connections)
+        if fd_warning is not None:
+            log.warning("%s", fd_warning)
         self.connections = ConnectionGuard(
-            max_connections=cfg.http.max_connections,
+            max_connections=http_connections,
             header_timeout=cfg.http.header_timeout_seconds,
             tls=self.web_config.ssl_context() if self.web_config else None,
         )
@@ -193,6 +197,12 @@ class Gateway:
         if cfg.ssh.revocation_file is not None:
             revocations = RevocationWatcher(cfg.ssh.revocation_file)
             revocations.current()  # a malformed file at start is an error, not a surprise
+        else:  # `certs revoke` writes a file nobody reads: say so where operators look
+            log.warning(
+                "no [ssh] revocation_file: `cloud-gateway certs revoke` cannot take effect on "
+                "this gateway (a stolen node certificate is valid until it expires); set it "
+                "to the CA directory's revocations file (docs/operator-guide.md)"
+            )
         self.ssh = SshServer(
             host_keys=_host_keys(cfg),
             policy=CertificatePolicy(

@@ -221,8 +221,10 @@ def _revoke(args: argparse.Namespace) -> list[str]:
         return [f"already revoked: {done.rule} in {done.file} (nothing changed)"]
     return [
         f"revoked {done.source}",
-        f"added '{done.rule}' to {done.file} (mode {_mode(done.file)}); "
-        "the gateway applies it within seconds, no restart needed",
+        f"added '{done.rule}' to {done.file} (mode {_mode(done.file)})",
+        f"a gateway applies it within seconds, no restart needed, only if its "
+        f"[ssh] revocation_file is {done.file.resolve()} (a gateway without one logs a "
+        "WARNING at start and revokes nothing)",
     ]
 
 

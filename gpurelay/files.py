@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +19,23 @@ T = TypeVar("T")
 def write_atomic(path: Path, data: bytes, mode: int) -> None:
     """Replace ``path`` by ``data`` with ``mode`` so that a reader sees the old file or the
     new one, never half of either, even across a crash: a temporary file in the same
-    directory (``mode`` from its first byte), fsync, rename, fsync of the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    directory (``mode`` from its first byte), fsync, rename, fsync of the directory.
+
+    The temporary name is random and made with ``O_EXCL | O_NOFOLLOW``: with a name
+    guessable from the pid and no ``O_EXCL`` (issue 24), anyone who could write the
+    directory could plant a link there and have the key or certificate written through
+    it, wherever it pointed; now such a name is a fresh file or an error, and a name
+    taken is tried again."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -381,6 +381,9 @@ def test_cli_walkthrough_never_prints_key_material(
     assert "serial 1, valid until" in printed and "(30 days)" in printed
     assert "certificate for gw.example.com, 192.0.2.10" in printed
     assert "added 'node edge-1' to" in printed
+    # it says when a gateway applies it, not that one does (issue 24, item 10)
+    revocations = (d / "revocations").resolve()
+    assert f"only if its [ssh] revocation_file is {revocations}" in printed
 
 
 @pytest.mark.parametrize(
