@@ -26,6 +26,7 @@ import asyncssh
 from aiohttp import web
 
 from cloud_gateway.auth_policy import load_trusted_cas
+from cloud_gateway.cluster_config import peer_tls
 from cloud_gateway.config import GatewayConfig, check_remote_write
 from cloud_gateway.conflicts import ConflictPolicy, Policy
 from cloud_gateway.directory import DirectoryError
@@ -274,14 +275,30 @@ class Gateway:
     async def _start_peers(self) -> None:
         """The peer listener, and the proxy's route to the other gateways' listeners."""
         token = self.cfg.cluster.peer_token()
-        self.proxy.peers = PeerClient(token, self.link.owner)
+        tls = peer_tls(self.cfg.cluster)
+        self.proxy.peers = PeerClient(token, self.link.owner, tls=tls[1] if tls else None)
         host, port = split_host_port(self.cfg.cluster.peer_listen, "cluster.peer_listen")
         self.peer_runner, self.peer_guard, self.peer_port = await start_peer_listener(
-            self.proxy, token, host, port
+            self.proxy, token, host, port, tls=tls[0] if tls else None
         )
         if not self.cfg.cluster.advertise:  # peer_listen as bound (port 0: the one chosen)
             self.link.advertise = f"{host}:{self.peer_port}"
-        log.info("peer listener on %s:%d (gateway %s)", host, self.peer_port, self.link.gateway)
+        if tls is not None:
+            log.info(
+                "peer listener on https://%s:%d (gateway %s)",
+                host,
+                self.peer_port,
+                self.link.gateway,
+            )
+        else:
+            log.warning(
+                "peer listener on http://%s:%d (gateway %s): the peer token and proxied scrapes "
+                "cross the peer network in clear; set [cluster] peer_tls_* unless that network "
+                "is private",
+                host,
+                self.peer_port,
+                self.link.gateway,
+            )
 
     def _refresh(self) -> None:
         assert self.ssh is not None

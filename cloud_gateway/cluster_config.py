@@ -11,6 +11,7 @@ file) and reach each other's peer listeners at their ``advertise`` addresses."""
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,13 @@ class ClusterSection:
     peer_listen: str = ""  # host:port of the peer listener ("": none; required with database)
     advertise: str = ""  # host:port peers dial ("": peer_listen)
     peer_token_file: str = ""  # a shared secret that peers present to each other
+    # TLS on the peer hop (all three, or none): this gateway's certificate and key for its
+    # peer listener, and the CA its peers' certificates are checked against (the name
+    # checked is the host of each peer's advertise address). Without it the token and the
+    # scrapes cross the network in clear: keep the peer network private then.
+    peer_tls_cert_file: str = ""
+    peer_tls_key_file: str = ""
+    peer_tls_ca_file: str = ""
     heartbeat_seconds: float = 2.0
     ttl_seconds: float = 10.0  # a gateway silent for this long is gone; its nodes are free
     forget_gateways_after_seconds: float = 86400.0  # the leader deletes members this silent
@@ -60,6 +68,29 @@ class ClusterSection:
                 "16 characters"
             )
         return token
+
+
+def peer_tls(section: ClusterSection) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+    """The peer hop's TLS: (the listener's context, the client's), or None without it."""
+    keys = ("peer_tls_cert_file", "peer_tls_key_file", "peer_tls_ca_file")
+    given = [k for k in keys if getattr(section, k)]
+    if not given:
+        return None
+    if len(given) != len(keys):
+        missing = ", ".join(f"cluster.{k}" for k in keys if k not in given)
+        raise GatewayConfigError(f"TLS on the peer hop needs all three keys; missing {missing}")
+    try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.minimum_version = ssl.TLSVersion.TLSv1_2
+        server.load_cert_chain(section.peer_tls_cert_file, section.peer_tls_key_file)
+        client = ssl.create_default_context(cafile=section.peer_tls_ca_file)
+        client.minimum_version = ssl.TLSVersion.TLSv1_2
+    except (OSError, ssl.SSLError) as exc:
+        raise GatewayConfigError(
+            f"cluster.peer_tls_*: {section.peer_tls_cert_file}, {section.peer_tls_key_file} "
+            f"or {section.peer_tls_ca_file} cannot be used: {exc}"
+        ) from exc
+    return server, client
 
 
 def check_cluster(section: ClusterSection) -> None:
@@ -117,3 +148,4 @@ def check_cluster(section: ClusterSection) -> None:
             "each other with it)"
         )
     section.peer_token()
+    peer_tls(section)

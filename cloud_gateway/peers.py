@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -69,9 +70,14 @@ class PeerError(Exception):
 
 
 class PeerClient:
-    def __init__(self, token: str, route: Route) -> None:
+    """Relays a request to the gateway that owns the node. ``tls``: the client context of
+    ``[cluster] peer_tls_*`` (https, the peer's certificate checked against that CA and
+    its advertise host); ``None``: plain http, for a private peer network."""
+
+    def __init__(self, token: str, route: Route, *, tls: ssl.SSLContext | None = None) -> None:
         self.token = token
         self.route = route
+        self.tls = tls
         self._session: aiohttp.ClientSession | None = None
         self.requests = 0
 
@@ -91,8 +97,10 @@ class PeerClient:
         """``request`` answered by the gateway ``owner`` = (id, host:port)."""
         gateway, address = owner
         if self._session is None:
-            self._session = aiohttp.ClientSession(auto_decompress=False)
-        url = f"http://{address}{PEER_PREFIX}/{node}/{port}{path_qs}"
+            connector = aiohttp.TCPConnector(ssl=self.tls if self.tls is not None else False)
+            self._session = aiohttp.ClientSession(auto_decompress=False, connector=connector)
+        scheme = "http" if self.tls is None else "https"
+        url = f"{scheme}://{address}{PEER_PREFIX}/{node}/{port}{path_qs}"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers["Authorization"] = f"Bearer {self.token}"
         headers["X-Prometheus-Scrape-Timeout-Seconds"] = f"{timeout:.3f}"
@@ -178,8 +186,9 @@ def peer_app(proxy: Proxy, token: str, guard: ConnectionGuard | None = None) -> 
     return app
 
 
-def peer_guard() -> ConnectionGuard:
+def peer_guard(tls: ssl.SSLContext | None = None) -> ConnectionGuard:
     return ConnectionGuard(
+        tls=tls,
         max_connections=PEER_MAX_CONNECTIONS,
         header_timeout=PEER_HEADER_TIMEOUT_SECONDS,
         name="peer",
@@ -188,11 +197,11 @@ def peer_guard() -> ConnectionGuard:
 
 
 async def start_peer_listener(
-    proxy: Proxy, token: str, host: str, port: int
+    proxy: Proxy, token: str, host: str, port: int, *, tls: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, ConnectionGuard, int]:
     """The guarded peer listener, started: its runner (cleanup() stops it), its guard
-    (stats), and the port it bound."""
-    guard = peer_guard()
+    (stats), and the port it bound. ``tls``: the listener's context (https)."""
+    guard = peer_guard(tls)
     runner = web.AppRunner(
         peer_app(proxy, token, guard), access_log=None, keepalive_timeout=PEER_IDLE_SECONDS
     )

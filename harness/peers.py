@@ -5,6 +5,7 @@ in-process tests of the hop between gateways. The process-level cluster has its 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,9 +29,12 @@ class PeerListener:
 
 
 @asynccontextmanager
-async def peer_listener(gw: Gateway, token: str = PEER_TOKEN) -> AsyncIterator[PeerListener]:
-    """``gw``'s peer listener, taking ``token``; stopped on the way out."""
-    runner, guard, port = await start_peer_listener(gw.proxy, token, "127.0.0.1", 0)
+async def peer_listener(
+    gw: Gateway, token: str = PEER_TOKEN, *, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[PeerListener]:
+    """``gw``'s peer listener, taking ``token`` (over https with ``tls``); stopped on the
+    way out."""
+    runner, guard, port = await start_peer_listener(gw.proxy, token, "127.0.0.1", 0, tls=tls)
     try:
         yield PeerListener(port, guard)
     finally:

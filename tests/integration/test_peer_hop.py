@@ -3,10 +3,14 @@ owner's peer listener (cloud_gateway.peers), and never more than one."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import httpx
+import pytest
 
+from cloud_gateway.cluster_config import ClusterSection, peer_tls
+from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.peers import PEER_PREFIX, PeerClient
 from harness.fleet import (
     TOKEN,
@@ -17,6 +21,7 @@ from harness.fleet import (
     running_gateway,
 )
 from harness.peers import PEER_TOKEN, peer_listener
+from harness.tls import make_tls
 from harness.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -105,3 +110,61 @@ async def test_a_hopped_scrape_comes_back_in_the_encoding_the_client_asked_for(
                     assert "DCGM_FI_DEV_GPU_UTIL" in hop.text, asked
             assert b_client.requests == 3
         await b_client.close()
+
+
+async def test_the_peer_hop_runs_over_tls_when_configured(tmp_path: Path) -> None:
+    """Issue 24, item 10: the peer token went over plain http. With ``[cluster]
+    peer_tls_*`` the hop is https, the owner's certificate checked against the peer CA;
+    plain http to that listener gets nothing, and a peer without the CA gets a 502."""
+    pki = make_pki(tmp_path)
+    tls_files = make_tls(tmp_path / "tls")
+    section = ClusterSection(
+        peer_tls_cert_file=str(tls_files.server_cert),
+        peer_tls_key_file=str(tls_files.server_key),
+        peer_tls_ca_file=str(tls_files.ca),
+    )
+    contexts = peer_tls(section)
+    assert contexts is not None
+    server_tls, client_tls = contexts
+    async with (
+        running_gateway(gateway_config(pki)) as a,
+        running_gateway(gateway_config(pki)) as b,
+        peer_listener(a, tls=server_tls) as a_listener,
+    ):
+        a_peer = a_listener.address
+        b.proxy.peers = b_client = PeerClient(
+            PEER_TOKEN, lambda n: ("gw-a", a_peer), tls=client_tls
+        )
+        async with running_agent(agent_config(pki, "edge-1", a)) as agent:
+            await wait_for(lambda: a.ingest.stats.batches >= 1)
+            url = f"http://127.0.0.1:{b.http_port}/proxy/edge-1/{agent.port}/metrics"
+            async with httpx.AsyncClient(timeout=20) as client:
+                hop = await client.get(url, headers=AUTH)
+                assert hop.status_code == 200 and "DCGM_FI_DEV_GPU_UTIL" in hop.text
+                assert b_client.requests == 1
+                peer = {"Authorization": f"Bearer {PEER_TOKEN}"}
+                with pytest.raises(httpx.HTTPError):  # the token never goes out in clear
+                    await client.get(f"http://{a_peer}{PEER_PREFIX}/edge-1/9400/m", headers=peer)
+            await b_client.close()
+            # a peer that does not trust the peer CA (the system's CAs only) gets a 502
+            b.proxy.peers = stranger = PeerClient(
+                PEER_TOKEN, lambda n: ("gw-a", a_peer), tls=ssl.create_default_context()
+            )
+            async with httpx.AsyncClient(timeout=20) as client:
+                r = await client.get(url, headers=AUTH)
+            assert r.status_code == 502 and "cannot be reached" in r.text, r.text
+            await stranger.close()
+
+
+def test_peer_tls_needs_all_three_files_and_says_which_are_missing(tmp_path: Path) -> None:
+    with pytest.raises(GatewayConfigError, match=r"missing cluster\.peer_tls_ca_file"):
+        peer_tls(ClusterSection(peer_tls_cert_file="c", peer_tls_key_file="k"))
+    with pytest.raises(GatewayConfigError, match="cannot be used"):
+        peer_tls(
+            ClusterSection(
+                peer_tls_cert_file=str(tmp_path / "none.crt"),
+                peer_tls_key_file=str(tmp_path / "none.key"),
+                peer_tls_ca_file=str(tmp_path / "none.ca"),
+            )
+        )
+    assert peer_tls(ClusterSection()) is None
