@@ -247,6 +247,8 @@ class Enrollment:
             issued = await self.signer.sign(
                 node, public_key, reason=kind, lifetime_seconds=self.section.lifetime_seconds
             )
+            if token is None:  # revoked while the signer worked: never handed out
+                self._check_renewal(node, certificate)
         except SigningRefused as exc:
             node_log(node).warning("refused to %s %r: %s", kind, node, exc)
             _finish(process, error_line(exc.reason), EXIT_REFUSED)

@@ -159,3 +159,35 @@ async def test_one_renewal_at_a_time_per_connection(tmp_path: Path) -> None:
             first.stdin.write_eof()
             assert (await asyncio.wait_for(first.wait(), 10)).exit_status == 0
     assert len([x for x in issued_log(pki) if x["reason"] == "renew"]) == 1
+
+
+async def test_a_revocation_by_serial_during_signing_keeps_the_new_certificate_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 §1, what was left: the presented certificate was checked before the signer
+    was awaited, not after; a revocation by serial landing during the signing call let the
+    thief have the fresh certificate whenever the answer beat the next tick. It is checked
+    again after: the certificate is signed (and logged as issued) but never handed out."""
+    pki = make_pki(tmp_path)
+    key, cert = thief_keys(pki)
+    async with running_gateway(enrolling(pki)) as gw:
+        assert gw.ssh is not None
+        enrollment = gw.ssh.policy.enrollment
+        assert enrollment is not None
+        policy = gw.ssh.policy
+        sign = enrollment.signer.sign
+
+        async def sign_while_revoked(*args: object, **kwargs: object) -> object:
+            issued = await sign(*args, **kwargs)  # type: ignore[arg-type]
+            with pki.ca.revocations.open("a") as f:
+                f.write(f"serial {certificate_info(cert).serial}\n")
+            await wait_for(lambda: policy.check(NODE, cert) == "revoked", 20, "revocation")  # type: ignore[arg-type]
+            return issued
+
+        enrollment.signer.sign = sign_while_revoked  # type: ignore[method-assign]
+        # the ticks wait: the renewal itself must refuse (a tick may come after the answer)
+        monkeypatch.setattr(gw.ssh, "revalidate", dict)
+        async with connected(pki, gw, NODE, client_keys=[(key, cert)]) as conn:
+            renewal = await run_subsystem(conn, RENEW_SUBSYSTEM, key.export_public_key().decode())
+    assert renewal.status == 1 and renewal.stderr == "error: node revoked\n", renewal
+    assert "CERTIFICATE" not in renewal.stdout and "cert-v01" not in renewal.stdout
