@@ -50,6 +50,7 @@ from cloud_gateway.exposition_gzip import GZIP_HEADER, Deflated, trailer
 from cloud_gateway.exposition_lines import TEXT_LINES  # noqa: F401 (its users import it here)
 from cloud_gateway.exposition_pieces import Piece, pack, pack_parallel, versions_of
 from cloud_gateway.exposition_shards import ShardCache
+from cloud_gateway.registry_types import NODE_STATES
 from gpurelay.exposition import (
     format_labels,
     format_value,
@@ -84,7 +85,6 @@ NODE_LATE_AFTER = Family(
     help="Seconds without a batch after which the connected node counts as stale "
     "(intervals plus a margin for its link's measured lateness).",
 )
-STATES: Final = ("online", "stale", "offline")
 NODE_FAMILIES: Final = (NODE_UP, NODE_STATE, NODE_LAST_SEEN, NODE_LATE_AFTER)
 # A family of set_extra named so is about one node per series (labelled with the node label),
 # not about the gateway: it goes with the node families, in its nodes' shards.
@@ -475,7 +475,7 @@ def _node_lines(live: Liveness, node_label: str) -> tuple[bytes, bytes, bytes, b
     state = "".join(
         f"{NODE_STATE.name}{format_labels(((node_label, live.name), ('state', s)))} "
         f"{int(live.state == s)}\n"
-        for s in STATES
+        for s in NODE_STATES
     ).encode()
     seen = late = ""
     if live.last_seen is not None:

@@ -44,11 +44,16 @@ from cloud_gateway.http_auth import authorised, page_authorised
 from cloud_gateway.http_state import OTHER, STATE, HttpState, error_response, route_template
 from cloud_gateway.openapi import document
 from cloud_gateway.registry import NodeView
+from cloud_gateway.registry_types import NODE_STATES
 from cloud_gateway.shards import ShardError, parse_shard
-from gpurelay.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+from gpurelay.exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    wants_gzip,
+    wants_openmetrics,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-STATES = ("online", "stale", "offline")
 log = logging.getLogger("cloud_gateway.http")
 
 
@@ -197,7 +202,7 @@ class ChunksPayload(Payload):
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     om = wants_openmetrics(request.headers.get("Accept", ""))
-    gz = "gzip" in request.headers.get("Accept-Encoding", "")
+    gz = wants_gzip(request.headers.get("Accept-Encoding", ""))
     if "shard" in request.query or "shards" in request.query:
         try:
             shard = parse_shard(request.query)
@@ -267,11 +272,11 @@ def node_detail(
 async def list_nodes(request: web.Request) -> web.Response:
     state = request.app[STATE]
     wanted = request.query.get("state")
-    if wanted is not None and wanted not in STATES:
-        return error_response(400, f"state must be one of {', '.join(STATES)}, not {wanted!r}")
+    if wanted is not None and wanted not in NODE_STATES:
+        return error_response(400, f"state must be one of {', '.join(NODE_STATES)}, not {wanted!r}")
     domain = request.query.get("domain")
     now = state.clock()
-    views = state.registry.nodes(now, state=wanted)  # type: ignore[arg-type]
+    views = state.registry.nodes(now, state=wanted)
     if domain:
         views = [v for v in views if (v.domain or v.name) == domain]
     nodes = [node_document(v, now, state.endpoints, state.certificates) for v in views]

@@ -14,7 +14,8 @@ package serialises (``tests/unit/test_prompb.py`` parses them with it and compar
 faster than building the message with it: the label fields of a series are encoded once
 and cached, as the same series are sent every collection (``bench/remote_write_encode.py``:
 3.3x for a 2000-sample replay request, 9x for a live 740-series collection, 1.5x with
-every cache cold). The ``protobuf`` package is therefore only a test dependency.
+every cache cold). The gateway does not import ``protobuf`` for remote write; the
+package is installed at runtime for the agent's kubelet pod-resources client (gRPC).
 """
 
 from __future__ import annotations

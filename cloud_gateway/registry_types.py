@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple, Protocol, get_args
 
 from cloud_gateway.liveness import LivenessPolicy
 from gpurelay.model import GpuInventory, Labels
 
 NodeState = Literal["online", "stale", "offline"]
+NODE_STATES: Final[tuple[NodeState, ...]] = get_args(NodeState)  # the one list of them
 FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
 
 

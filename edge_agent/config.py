@@ -20,6 +20,7 @@ from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
+from gpurelay.wire.frames import MAX_ACK_DELAY_SECONDS
 
 ENV_PREFIX = "EDGE_AGENT_"
 # Variables with this prefix that are not config keys.
@@ -247,7 +248,6 @@ class AgentConfig:
 
 
 MAX_HEARTBEAT_SECONDS = 5.0
-MAX_ACK_DELAY_SECONDS = 60.0  # what HELLO may carry (gpurelay.wire.frames, not imported here)
 
 
 def heartbeat_seconds(interval: float, ack_delay: float = 0.0) -> float:

@@ -26,6 +26,7 @@ from gpurelay.exposition import (
     TEXT_CONTENT_TYPE,
     render_openmetrics,
     render_text,
+    wants_gzip,
     wants_openmetrics,
 )
 from gpurelay.model import Snapshot
@@ -75,7 +76,7 @@ def make_app(published: LatestSnapshot, users: BasicAuth | None = None) -> HttpS
         if published.snapshot is None:
             return _not_ready()
         om = wants_openmetrics(request.header("Accept"))
-        gz = "gzip" in request.header("Accept-Encoding")
+        gz = wants_gzip(request.header("Accept-Encoding"))
         headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE}
         if gz:
             headers["Content-Encoding"] = "gzip"

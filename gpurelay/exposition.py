@@ -29,6 +29,27 @@ def wants_openmetrics(accept: str) -> bool:
     return False
 
 
+def wants_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` value takes gzip: the token ``gzip`` (or ``*``) with a
+    quality above 0, as RFC 9110 §12.5.3 reads it. A substring test took ``x-gzip`` and
+    ``gzip;q=0`` (gzip refused) for gzip; both binaries used one."""
+    for part in accept_encoding.split(","):
+        token, _, params = part.partition(";")
+        if token.strip().lower() not in ("gzip", "*"):
+            continue
+        quality = 1.0
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value.strip())
+                except ValueError:
+                    quality = 0.0
+        if quality > 0:
+            return True
+    return False
+
+
 def format_value(value: float) -> str:
     if math.isnan(value):
         return "NaN"

@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gpurelay.exposition import (
     format_value,
     render_openmetrics,
     render_text,
+    wants_gzip,
     wants_openmetrics,
 )
 from gpurelay.model import Family, Sample, Snapshot
@@ -73,3 +76,24 @@ def test_negotiation_and_values() -> None:
     assert format_value(math.nan) == "NaN"
     assert format_value(-math.inf) == "-Inf"
     assert format_value(1e20) == "1e+20"
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "takes"),
+    [
+        ("gzip", True),
+        ("gzip, deflate, br", True),  # Prometheus, browsers
+        ("deflate, GZIP;q=0.5", True),
+        ("*", True),
+        ("", False),
+        ("identity", False),
+        ("gzip;q=0", False),  # gzip refused: the substring test sent it anyway
+        ("x-gzip", False),
+        ("br;q=1, gzip;q=0.0", False),
+        ("gzip;q=bogus", False),
+    ],
+)
+def test_gzip_is_negotiated_by_token_and_quality(accept_encoding: str, takes: bool) -> None:
+    """One rule for both binaries (issue 25, item 5): the gateway's /metrics and the agent's
+    used ``"gzip" in header``."""
+    assert wants_gzip(accept_encoding) is takes
