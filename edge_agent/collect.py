@@ -148,53 +148,50 @@ class Collector:
             if before.get(field) != reason:
                 log.warning("field %s is skipped: %s", field, reason)
 
-    def _run_device(self, sink: SampleSink) -> list[GpuInventory]:
+    def _execute(self, name: str, run: Callable[[SampleSink], bool | None]) -> SampleSink:
+        """One collector, timed and caught (node_exporter's ``execute``): what it added, its
+        success (False when ``run`` said so or raised: logged) and duration in
+        ``gpurelay_collector_*``."""
         start = self._timer()
         part = SampleSink()
         try:
-            gpus = self._device.collect(part)
-            ok = all(g.healthy for g in gpus)
+            ok = run(part) is not False
         except Exception:
-            log.exception("device collector failed")
-            gpus, ok = [], False
-        self._status["device"] = (ok, self._timer() - start)
-        sink.extend(part)
+            log.exception("%s collector failed", name)
+            ok = False
+        self._status[name] = (ok, self._timer() - start)
+        return part
+
+    def _run_device(self, sink: SampleSink) -> list[GpuInventory]:
+        gpus: list[GpuInventory] = []
+
+        def run(part: SampleSink) -> bool:
+            gpus.extend(self._device.collect(part))
+            return all(g.healthy for g in gpus)
+
+        sink.extend(self._execute("device", run))
         return gpus
 
     def _run_process(self, sink: SampleSink) -> None:
-        if self._process is None:
+        process = self._process
+        if process is None:
             return
         now = self._clock()
         if now - self._last_process_run >= self._process_interval:
             self._last_process_run = now
-            start = self._timer()
-            part = SampleSink()
-            try:
-                self._process.collect(part)
-                ok = True
-            except Exception:
-                log.exception("process collector failed")
-                ok = False
-                for fam in self._process.families:
+            part = self._execute("process", process.collect)
+            if not self._status["process"][0]:  # its families stay declared, empty
+                for fam in process.families:
                     part.declare(fam)
-            self._status["process"] = (ok, self._timer() - start)
             self._process_sink = part
         sink.extend(self._process_sink)
 
     def _run_alloc(self, sink: SampleSink) -> None:
         """ACK's allocation metrics, once the kubelet's pod-resources socket was seen."""
-        if self._alloc is None or not self._alloc.active:
+        alloc = self._alloc
+        if alloc is None or not alloc.active:
             return
-        start = self._timer()
-        part = SampleSink()
-        try:
-            self._alloc.collect(part)
-            ok = True
-        except Exception:
-            log.exception("allocation collector failed")
-            ok = False
-        self._status["alloc"] = (ok, self._timer() - start)
-        sink.extend(part)
+        sink.extend(self._execute("alloc", alloc.collect))
 
     def _self_metrics(self, sink: SampleSink, gpus: list[GpuInventory], now: float) -> None:
         for fam in SELF_FAMILIES:

@@ -223,3 +223,28 @@ def test_cli_without_nvml_prints_one_line_not_a_traceback() -> None:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("edge-agent: error: NVML is not available")
     assert "--simulate" in lines[0]
+
+
+def test_a_collector_that_raises_is_logged_and_reported_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each collector runs through one timed-and-caught step (issue 25, item 5): a bug in
+    one is logged, its gpurelay_collector_success is 0, the others' series still go out,
+    and the process collector's families stay declared (empty)."""
+    pipeline, _sim, _clock = make_pipeline(tmp_path, gpus=1)
+    collection = pipeline.collection
+    process = collection._process
+    assert process is not None
+
+    def broken(sink: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(process, "collect", broken)
+    snap = collection.collect()
+    pipeline.close()
+    assert value(snap, "gpurelay_collector_success", collector="process") == 0
+    assert value(snap, "gpurelay_collector_success", collector="device") == 1
+    assert value(snap, "DCGM_FI_DEV_GPU_TEMP", gpu="0") is not None
+    declared = {f.name for f in snap.families}
+    assert {f.name for f in process.families} <= declared
+    assert "process collector failed" in caplog.text
