@@ -35,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud_gateway.forwarding import Collection, as_series
+from cloud_gateway.forwarding import QueuedCollection, as_series
 from cloud_gateway.ingest import Ingest
 from cloud_gateway.prompb import encode_requests
 from cloud_gateway.registry import Registry
@@ -118,7 +118,7 @@ def main() -> None:
     session.handle(Hello(agent_version="bench", node=NODE, interval_seconds=10.0))
     session._replayed_samples(decoded[0])  # warm
     collections = [
-        Collection(
+        QueuedCollection(
             seq=i,
             timestamp_ms=r.timestamp_ms,
             samples=session._replayed_samples(r),
@@ -127,7 +127,7 @@ def main() -> None:
         for i, r in enumerate(decoded)
     ]
 
-    def encode(c: Collection) -> int:
+    def encode(c: QueuedCollection) -> int:
         requests = encode_requests(as_series([c]), args.max_samples_per_send)
         return sum(len(body) for body, _ in requests)
 

@@ -29,9 +29,9 @@ from typing import Final
 from cloud_gateway.forwarding import (
     MAX_SAMPLES_PER_SEND,
     RETRY_BACKOFF,
-    Collection,
     Forwarder,
     ForwardStats,
+    QueuedCollection,
 )
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.seqranges import DEFAULT_MAX_RANGES, SeqRanges
@@ -161,7 +161,7 @@ class NodeDelivery:
         seq: int,
         *,
         apply: Callable[[bool], None],
-        collection: Callable[[], Collection],
+        collection: Callable[[], QueuedCollection],
     ) -> Taken:
         """One BATCH or REPLAY with ``seq``: classify it, let ``apply(duplicate)`` record it
         (in the registry), then decide its ACK. ``collection`` is called only when remote

@@ -53,7 +53,7 @@ RETRY_BACKOFF = (_DEFAULTS.min_backoff_seconds, _DEFAULTS.max_backoff_seconds)  
 
 
 @dataclass(frozen=True, slots=True)
-class Collection:
+class QueuedCollection:
     """One collection of one node, as remote write gets it."""
 
     seq: int
@@ -72,7 +72,7 @@ class ForwardStats:
     unavailable: int = 0  # sends not taken (5xx, 429, transport error), sent again later
 
 
-def as_series(group: Sequence[Collection]) -> list[Series]:
+def as_series(group: Sequence[QueuedCollection]) -> list[Series]:
     """The samples of consecutive collections, grouped by series (one entry per label
     set, its points in collection order; the writer sorts them by time).
 
@@ -123,7 +123,7 @@ class Forwarder:
         self._min_backoff, self._max_backoff = backoff
         self._sleep = sleep
         self._jitter = jitter
-        self._queue: deque[Collection] = deque()
+        self._queue: deque[QueuedCollection] = deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -132,7 +132,7 @@ class Forwarder:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def put(self, collection: Collection) -> None:
+    def put(self, collection: QueuedCollection) -> None:
         if self._closed:
             return
         self._queue.append(collection)
@@ -225,7 +225,7 @@ class Forwarder:
         delay = step * (0.5 + 0.5 * self._jitter())
         return delay if retry_after is None else max(delay, retry_after)
 
-    def _take(self, max_samples: int) -> list[Collection]:
+    def _take(self, max_samples: int) -> list[QueuedCollection]:
         """The collections at the head of the queue: at least one, then as many as fit."""
         group = [self._queue[0]]
         total = len(group[0].samples)
@@ -236,7 +236,7 @@ class Forwarder:
             group.append(c)
         return group
 
-    def _drop(self, c: Collection, why: str) -> None:
+    def _drop(self, c: QueuedCollection, why: str) -> None:
         self.stats.dropped += 1
         self._log.error(
             "remote write refused %s collection seq %d (%d samples at %d ms), dropped and "

@@ -33,7 +33,7 @@ from typing import Final
 from cloud_gateway.acks import AckGatherer
 from cloud_gateway.conflicts import ConflictPolicy
 from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
-from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, Collection
+from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, QueuedCollection
 from cloud_gateway.registry import Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write import RemoteWriter
 from cloud_gateway.self_metrics import SelfMetrics
@@ -379,7 +379,7 @@ class NodeSession:
         taken = self._delivery.take(
             batch.seq,
             apply=apply,
-            collection=lambda: Collection(
+            collection=lambda: QueuedCollection(
                 seq=batch.seq,
                 timestamp_ms=round(batch.timestamp * 1000),
                 samples=ingest.registry.samples(self.node),
@@ -423,7 +423,7 @@ class NodeSession:
         taken = self._delivery.take(
             replay.seq,
             apply=apply,
-            collection=lambda: Collection(
+            collection=lambda: QueuedCollection(
                 seq=replay.seq,
                 timestamp_ms=record.timestamp_ms,
                 samples=self._replayed_samples(record),

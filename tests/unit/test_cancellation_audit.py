@@ -20,7 +20,7 @@ import pytest
 
 import harness.fleet
 from cloud_gateway.delivery import Delivery
-from cloud_gateway.forwarding import Collection
+from cloud_gateway.forwarding import QueuedCollection
 from cloud_gateway.remote_write import RemoteWriteUnavailable
 from gpurelay.tasks import stop_tasks
 from harness.process import HarnessError
@@ -264,7 +264,7 @@ async def sending(writer: LosesOneCancellation | Held) -> Delivery:
     session.take(
         1,
         apply=lambda _duplicate: None,
-        collection=lambda: Collection(
+        collection=lambda: QueuedCollection(
             seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
         ),
     )

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
-from cloud_gateway.forwarding import Collection
+from cloud_gateway.forwarding import QueuedCollection
 from gpurelay.wire import Ack, Frame
 
 LOG = logging.getLogger("test.delivery")
@@ -28,7 +28,7 @@ class Node:
         taken = self.session.take(
             seq,
             apply=lambda duplicate: self.applied.append((seq, duplicate)),
-            collection=lambda: Collection(
+            collection=lambda: QueuedCollection(
                 seq=seq, timestamp_ms=seq, samples=[((("__name__", "x"),), 1.0)], replayed=False
             ),
         )

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cloud_gateway import __version__
-from cloud_gateway.forwarding import Collection, Forwarder, ForwardStats
+from cloud_gateway.forwarding import Forwarder, ForwardStats, QueuedCollection
 from cloud_gateway.prompb import Series
 from cloud_gateway.remote_write import (
     RemoteWriteConfig,
@@ -313,9 +313,11 @@ async def settle(predicate: Callable[[], object], timeout: float = 5.0) -> None:
     await asyncio.wait_for(wait(), timeout)
 
 
-def collection(seq: int) -> Collection:
+def collection(seq: int) -> QueuedCollection:
     labels = (("__name__", "m"), ("gpu", "0"))
-    return Collection(seq=seq, timestamp_ms=seq * 1000, samples=[(labels, 1.0)], replayed=False)
+    return QueuedCollection(
+        seq=seq, timestamp_ms=seq * 1000, samples=[(labels, 1.0)], replayed=False
+    )
 
 
 async def test_one_retry_loop_the_forwarders() -> None:
