@@ -33,7 +33,7 @@ from cloud_gateway.forwarding import (
     ForwardStats,
     QueuedCollection,
 )
-from cloud_gateway.remote_write import RemoteWriter
+from cloud_gateway.remote_write import MAX_QUEUED_BATCHES, RemoteWriter
 from cloud_gateway.seqranges import DEFAULT_MAX_RANGES, SeqRanges
 from gpurelay.tasks import stop_tasks
 from gpurelay.wire import Ack, Frame
@@ -44,7 +44,7 @@ NO_ACKS: Final[tuple[Frame, ...]] = ()
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliverySettings:
     max_seq_ranges: int = DEFAULT_MAX_RANGES  # delivered seqs kept per node, as ranges
-    max_queued_batches: int = 256  # per node, waiting for remote write: then back-pressure
+    max_queued_batches: int = MAX_QUEUED_BATCHES  # per node, then back-pressure
     max_samples_per_send: int = MAX_SAMPLES_PER_SEND
     retry_backoff: tuple[float, float] = RETRY_BACKOFF
 

@@ -40,6 +40,7 @@ from itertools import islice
 
 from cloud_gateway.prompb import Series
 from cloud_gateway.remote_write import (
+    MAX_QUEUED_BATCHES,
     RemoteWriteConfig,
     RemoteWriter,
     RemoteWriteRejected,
@@ -105,7 +106,7 @@ class Forwarder:
         delivered: Callable[[int], None],
         failed: Callable[[str], None],
         stats: ForwardStats,
-        max_queued: int = 256,
+        max_queued: int = MAX_QUEUED_BATCHES,
         max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
         backoff: tuple[float, float] = RETRY_BACKOFF,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,

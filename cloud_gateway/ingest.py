@@ -35,7 +35,7 @@ from cloud_gateway.conflicts import ConflictPolicy
 from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
 from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND, RETRY_BACKOFF, QueuedCollection
 from cloud_gateway.registry import Registry, StaleConnection, stamp_node
-from cloud_gateway.remote_write import RemoteWriter
+from cloud_gateway.remote_write import MAX_QUEUED_BATCHES, RemoteWriter
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh_auth import node_log
 from gpurelay.model import Labels
@@ -76,7 +76,7 @@ class Ingest:
         on_change: Callable[[], None] = lambda: None,
         limits: Limits | None = None,
         remote_write: RemoteWriter | None = None,
-        max_queued_batches: int = 256,
+        max_queued_batches: int = MAX_QUEUED_BATCHES,
         conflicts: ConflictPolicy | None = None,
         max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
         retry_backoff: tuple[float, float] = RETRY_BACKOFF,

@@ -48,12 +48,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
+from typing import Final
 
 import httpx
 
 from cloud_gateway import __version__
 from cloud_gateway.prompb import Series, encode_requests
 from gpurelay.files import in_daemon_thread
+
+# A node's collections waiting for remote write before its channel is no longer read
+# (back-pressure); the default of [remote_write] max_queued_batches_per_node, and the one
+# place it is written.
+MAX_QUEUED_BATCHES: Final = 256
 
 __all__ = [
     "PROTOCOL_HEADERS",
@@ -103,7 +109,7 @@ class RemoteWriteConfig:
     max_pending_samples: int = 500_000  # in flight across all nodes (back-pressure bound)
     min_backoff_seconds: float = 0.05  # the forwarder's retry backoff, doubling with jitter
     max_backoff_seconds: float = 5.0  # ... up to this (a longer Retry-After is honoured)
-    max_queued_batches_per_node: int = 256  # more waiting: stop reading that node's channel
+    max_queued_batches_per_node: int = MAX_QUEUED_BATCHES  # more: stop reading that node
     max_retries: int | None = field(
         default=None,
         metadata={"deprecated": "batches are retried until the receiver accepts or refuses them"},
