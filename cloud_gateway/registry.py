@@ -356,7 +356,6 @@ class Registry(RegistryReads):
             self._family_order = None
         s = SeriesRecord(fs, (fs.name_label, *labels), n.conn_id, sd.id)
         s.identity, s.cost = identity, policy.label_bytes(sd.name, labels)
-        fs.refs += 1
         fs.holders[n.name] = fs.holders.get(n.name, 0) + 1
         n.series[identity] = s
         n.label_bytes += s.cost
@@ -431,12 +430,11 @@ class Registry(RegistryReads):
         n.label_bytes = 0
 
     def _unref(self, fs: FamilyState, node: str) -> None:
-        fs.refs -= 1
         held = fs.holders[node] - 1
         if held:
             fs.holders[node] = held
         else:
             del fs.holders[node]
-        if fs.refs == 0 and self._families.get(fs.family.name) is fs:
+        if not fs.holders and self._families.get(fs.family.name) is fs:
             del self._families[fs.family.name]
             self._family_order = None

@@ -26,19 +26,18 @@ class FamilyState:
         "holders",
         "name_label",
         "ordered",
-        "refs",
         "version",
     )
 
     def __init__(self, family: Family, first_node: str) -> None:
         self.family = family
         self.first_node = first_node
-        self.holders: dict[str, int] = {}  # node -> its series records of this family
+        # node -> its series records of this family, live or not (none left: it goes)
+        self.holders: dict[str, int] = {}
         self.challengers: dict[str, set[str]] = {}  # another TYPE -> nodes that declared it
         self.name_label = ("__name__", family.name)  # shared by the family's label tuples
         self.groups: dict[str, Group] = {}  # node -> block of that node's lines
         self.ordered: list[Group] | None = None  # groups by node name
-        self.refs = 0  # series records of this family, live or not
         self.version = 0  # bumped with any of its blocks' versions, or its set of blocks
 
 

@@ -148,10 +148,12 @@ class Collector:
             if before.get(field) != reason:
                 log.warning("field %s is skipped: %s", field, reason)
 
-    def _execute(self, name: str, run: Callable[[SampleSink], bool | None]) -> SampleSink:
-        """One collector, timed and caught (node_exporter's ``execute``): what it added, its
-        success (False when ``run`` said so or raised: logged) and duration in
-        ``gpurelay_collector_*``."""
+    def _execute(
+        self, name: str, run: Callable[[SampleSink], bool | None]
+    ) -> tuple[SampleSink, bool]:
+        """One collector, timed and caught (node_exporter's ``execute``): what it added and
+        its success (False when ``run`` said so or raised: logged), both also recorded with
+        its duration for ``gpurelay_collector_*``."""
         start = self._timer()
         part = SampleSink()
         try:
@@ -160,7 +162,7 @@ class Collector:
             log.exception("%s collector failed", name)
             ok = False
         self._status[name] = (ok, self._timer() - start)
-        return part
+        return part, ok
 
     def _run_device(self, sink: SampleSink) -> list[GpuInventory]:
         gpus: list[GpuInventory] = []
@@ -169,7 +171,7 @@ class Collector:
             gpus.extend(self._device.collect(part))
             return all(g.healthy for g in gpus)
 
-        sink.extend(self._execute("device", run))
+        sink.extend(self._execute("device", run)[0])
         return gpus
 
     def _run_process(self, sink: SampleSink) -> None:
@@ -179,8 +181,8 @@ class Collector:
         now = self._clock()
         if now - self._last_process_run >= self._process_interval:
             self._last_process_run = now
-            part = self._execute("process", process.collect)
-            if not self._status["process"][0]:  # its families stay declared, empty
+            part, ok = self._execute("process", process.collect)
+            if not ok:  # its families stay declared, empty
                 for fam in process.families:
                     part.declare(fam)
             self._process_sink = part
@@ -191,7 +193,7 @@ class Collector:
         alloc = self._alloc
         if alloc is None or not alloc.active:
             return
-        sink.extend(self._execute("alloc", alloc.collect))
+        sink.extend(self._execute("alloc", alloc.collect)[0])
 
     def _self_metrics(self, sink: SampleSink, gpus: list[GpuInventory], now: float) -> None:
         for fam in SELF_FAMILIES:

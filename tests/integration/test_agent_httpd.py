@@ -8,6 +8,7 @@ import base64
 import gzip
 import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import bcrypt
@@ -160,7 +161,10 @@ async def test_a_slow_or_silent_client_is_dropped(
     assert status(answer) == 200 and answer.count(b"HTTP/1.1") == 1
 
 
-async def test_basic_auth_guards_every_path_but_the_probes(tmp_path: Path) -> None:
+@asynccontextmanager
+async def guarded(tmp_path: Path) -> AsyncIterator[tuple[int, BasicAuth]]:
+    """The agent's server with one collection and basic auth (user prom, password secret):
+    its port and its BasicAuth; stopped on the way out."""
     pipeline, _sim, clock = make_pipeline(tmp_path, gpus=1)
     published = http_server.LatestSnapshot(clock=clock)
     published.publish(pipeline.collection.collect())
@@ -168,6 +172,14 @@ async def test_basic_auth_guards_every_path_but_the_probes(tmp_path: Path) -> No
     server = http_server.make_app(published, users)
     port = await server.start("127.0.0.1", 0, None)
     try:
+        yield port, users
+    finally:
+        await server.cleanup()
+        pipeline.close()
+
+
+async def test_basic_auth_guards_every_path_but_the_probes(tmp_path: Path) -> None:
+    async with guarded(tmp_path) as (port, _users):
         for path, code in (("/metrics", 401), ("/nope", 401), ("/healthz", 200)):
             answer = await closed_by_server(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
             assert status(answer) == code, path
@@ -176,31 +188,19 @@ async def test_basic_auth_guards_every_path_but_the_probes(tmp_path: Path) -> No
         assert status(await closed_by_server(port, latin)) == 401
         ok = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic cHJvbTpzZWNyZXQ=\r\n\r\n"
         assert status(await closed_by_server(port, ok)) == 200
-    finally:
-        await server.cleanup()
-        pipeline.close()
 
 
 async def test_wrong_passwords_are_throttled_per_client_address(tmp_path: Path) -> None:
     """Issue 24 #6: after BasicAuth's failure budget from one address, that address is
     refused without a bcrypt (the agent passes the peer's address as the source)."""
-    pipeline, _sim, clock = make_pipeline(tmp_path, gpus=1)
-    published = http_server.LatestSnapshot(clock=clock)
-    published.publish(pipeline.collection.collect())
-    users = BasicAuth({"prom": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))})
-    server = http_server.make_app(published, users)
-    port = await server.start("127.0.0.1", 0, None)
     wrong = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic cHJvbTp3cm9uZw==\r\n\r\n"
     ok = b"GET /metrics HTTP/1.0\r\nAuthorization: Basic cHJvbTpzZWNyZXQ=\r\n\r\n"
-    try:
+    async with guarded(tmp_path) as (port, users):
         for guess in range(20):  # distinct wrong passwords, no cache hit
             attempt = wrong.replace(b"cHJvbTp3cm9uZw==", _basic(f"prom:wrong{guess}"))
             assert status(await closed_by_server(port, attempt)) == 401
         assert users.refused_fast > 0, "20 wrong passwords from one address: none throttled"
         assert status(await closed_by_server(port, ok)) == 401  # 127.0.0.1 is throttled now
-    finally:
-        await server.cleanup()
-        pipeline.close()
 
 
 def _basic(credentials: str) -> bytes:
