@@ -39,9 +39,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud_gateway import acks as acks_module
-from cloud_gateway import ingest as ingest_module
-from cloud_gateway import ssh_server
+from cloud_gateway.ingest import acks as acks_module
+from cloud_gateway.ingest import session as ingest_module
+from cloud_gateway.ssh import server as ssh_server
 from edge_agent.config import TunnelConfig
 from edge_agent.tunnel import Tunnel
 from gpurelay.wire import Ack, AckRanges, Hello

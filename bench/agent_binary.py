@@ -44,10 +44,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.agent_cycle import GPUS, PROCS_PER_GPU, ReplayNvml, _cpu_ms
-from edge_agent import simhost
 from edge_agent.config import load
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.sim import host as simhost
+from edge_agent.sim.nvml import SimulatedNvml
 from gpurelay.model import SampleSink
 from harness.fleet import make_pki
 from harness.ports import free_ports

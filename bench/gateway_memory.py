@@ -34,8 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gateway_render import GPUS, node_labels, nudge, two_snapshots
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.registry.store import Registry
 from gpurelay.model import Snapshot
 from gpurelay.wire import Batch, Declare, FrameDecoder, FrameEncoder, Hello, SeriesDecl
 

@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.render_http import over_http
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.registry import Registry, stamp_node
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.registry.store import Registry, stamp_node
 from gpurelay.model import Family, Labels, Sample, Snapshot
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 from harness.pipeline import make_pipeline

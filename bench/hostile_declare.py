@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_agent.attribute.pod_resources import PodDevices
 from edge_agent.nvml.devices import enumerate_gpus
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.podresources.client import PodResourcesClient
 from edge_agent.podresources.model import ContainerDevices
-from edge_agent.podresources.server import PodResourcesServer
+from edge_agent.sim.nvml import SimulatedNvml
+from edge_agent.sim.pod_resources_server import PodResourcesServer
 from harness.ports import free_ports
 from harness.process import ROOT, Process, clean_env
 from harness.waiting import wait_until

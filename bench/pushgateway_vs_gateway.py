@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gateway_render import GPUS, Fleet, nudge
 from bench.render_http import Server, get
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.registry import Registry, stamp_node
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.registry.store import Registry, stamp_node
 from gpurelay.exposition import format_labels, format_value, text_header
 from gpurelay.model import Snapshot
 from harness.pipeline import make_pipeline

@@ -1,4 +1,4 @@
-"""Remote write encoding: ``cloud_gateway.prompb`` (by hand) against the ``protobuf`` package.
+"""Remote write encoding: ``cloud_gateway.remote_write.prompb`` (by hand) against ``protobuf``.
 
 Collections of ``--series`` series (a big 8-GPU node: 740) with ``--labels`` labels each
 (``__name__`` included), 10 s apart, in two requests the gateway sends:
@@ -40,9 +40,9 @@ from google.protobuf.internal import api_implementation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud_gateway import prompb
-from cloud_gateway.forwarding import MAX_SAMPLES_PER_SEND
-from cloud_gateway.prompb import Series, encode_write_request, split_series
+from cloud_gateway.remote_write import prompb
+from cloud_gateway.remote_write.forwarder import MAX_SAMPLES_PER_SEND
+from cloud_gateway.remote_write.prompb import Series, encode_write_request, split_series
 
 
 def write_request_class() -> Any:

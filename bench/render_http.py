@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.http_api import STATE, metrics
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.http.api import STATE, metrics
 from gpurelay.model import Family, Sample
 
 if TYPE_CHECKING:

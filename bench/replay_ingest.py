@@ -35,11 +35,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud_gateway.forwarding import QueuedCollection, as_series
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.prompb import encode_requests
-from cloud_gateway.registry import Registry
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.forwarder import QueuedCollection, as_series
+from cloud_gateway.remote_write.prompb import encode_requests
 from gpurelay.record import Record, RecordDecoder, RecordEncoder
 from gpurelay.wire import Ack, Frame, Hello, Replay
 from harness.pipeline import simulated_snapshots

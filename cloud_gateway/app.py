@@ -25,32 +25,32 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncssh
 from aiohttp import web
 
-from cloud_gateway.auth_policy import load_trusted_cas
-from cloud_gateway.cluster_config import peer_tls
+from cloud_gateway.cluster.config import peer_tls
+from cloud_gateway.cluster.directory import DirectoryError
+from cloud_gateway.cluster.link import DirectoryLink
 from cloud_gateway.config import GatewayConfig, check_remote_write
-from cloud_gateway.conflicts import ConflictPolicy, Policy
-from cloud_gateway.directory import DirectoryError
-from cloud_gateway.directory_link import DirectoryLink
-from cloud_gateway.endpoints import EndpointTable, parse_sibling_rules
-from cloud_gateway.enrollment import build_enrollment
 from cloud_gateway.errors import GatewayConfigError, GatewayError
-from cloud_gateway.exposition import Exposition
+from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.fd_budget import http_cap
 from cloud_gateway.gateway_metrics import gateway_families
-from cloud_gateway.http_api import make_app
-from cloud_gateway.http_listener import ConnectionGuard, GuardedSite
-from cloud_gateway.http_state import HttpState
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.peers import PeerClient, start_peer_listener
-from cloud_gateway.proxy import Proxy
-from cloud_gateway.proxy_listener import proxied_listener
-from cloud_gateway.registry import FB_FAMILIES, NodeState, Registry, RegistryConfig
-from cloud_gateway.remote_write import RemoteWriter
-from cloud_gateway.revocation import RevocationWatcher
+from cloud_gateway.http.api import make_app
+from cloud_gateway.http.state import HttpState
+from cloud_gateway.http.ui.history import UI_FAMILIES
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.listener import ConnectionGuard, GuardedSite
+from cloud_gateway.registry.store import FB_FAMILIES, NodeState, Registry, RegistryConfig
+from cloud_gateway.relay.endpoints import EndpointTable, parse_sibling_rules
+from cloud_gateway.relay.peers import PeerClient, start_peer_listener
+from cloud_gateway.relay.relay import Proxy
+from cloud_gateway.remote_write.client import RemoteWriter
 from cloud_gateway.self_metrics import SelfMetrics
-from cloud_gateway.ssh_auth import CertificatePolicy, node_log
-from cloud_gateway.ssh_server import SshServer
-from cloud_gateway.ui_history import UI_FAMILIES
+from cloud_gateway.ssh.balancer_listener import proxied_listener
+from cloud_gateway.ssh.conflicts import ConflictPolicy, Policy
+from cloud_gateway.ssh.enrollment import build_enrollment
+from cloud_gateway.ssh.logins import CertificatePolicy, node_log
+from cloud_gateway.ssh.server import SshServer
+from cloud_gateway.trust.auth_policy import load_trusted_cas
+from cloud_gateway.trust.revocation import RevocationWatcher
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port
 from gpurelay.web_config import BasicAuth

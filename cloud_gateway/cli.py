@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from cloud_gateway import __version__
-from cloud_gateway.cli_certs import add_certs_parser, run_certs
+from cloud_gateway.commands.certs import add_certs_parser, run_certs
+from cloud_gateway.commands.gateways import add_gateways_parser, run_gateways
+from cloud_gateway.commands.nodes import add_nodes_parser, run_nodes
 from cloud_gateway.errors import GatewayConfigError, GatewayError
-from cloud_gateway.gateways_cli import add_gateways_parser, run_gateways
-from cloud_gateway.nodes_cli import add_nodes_parser, run_nodes
-from cloud_gateway.signer import add_signer_parser, run_signer
+from cloud_gateway.trust.signer_socket import add_signer_parser, run_signer
 from gpurelay import logs
 
 

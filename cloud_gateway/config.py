@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud_gateway.cluster_config import ClusterSection, check_cluster
-from cloud_gateway.conflicts import POLICIES
-from cloud_gateway.endpoints import parse_sibling_rules
-from cloud_gateway.enrollment import EnrollSection, check_enroll
+from cloud_gateway.cluster.config import ClusterSection, check_cluster
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.liveness import LivenessPolicy
-from cloud_gateway.proxy_listener import parse_networks
-from cloud_gateway.remote_write import RemoteWriteConfig
+from cloud_gateway.registry.liveness import LivenessPolicy
+from cloud_gateway.relay.endpoints import parse_sibling_rules
+from cloud_gateway.remote_write.client import RemoteWriteConfig
+from cloud_gateway.ssh.balancer_listener import parse_networks
+from cloud_gateway.ssh.conflicts import POLICIES
+from cloud_gateway.ssh.enrollment import EnrollSection, check_enroll
 from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
 from gpurelay.settings import SettingsError, load_settings, split_host_port
@@ -47,7 +47,7 @@ class SshConfig:
     keepalive_seconds: float = 30.0
     keepalive_count_max: int = 3
     # A node connecting while it is connected: "newest" wins, "oldest" wins, or (when two
-    # clients fight over one certificate) "refuse_both"; see cloud_gateway/conflicts.py.
+    # clients fight over one certificate) "refuse_both"; see cloud_gateway/ssh/conflicts.py.
     duplicate_connection: str = "newest"
     # Which node may publish which sibling machines of its edge LAN under their own names:
     # "NODE=PATTERN[,PATTERN...]" (shell-style), e.g. "edge-gw-1=cam-*". None by default.
@@ -57,7 +57,7 @@ class SshConfig:
     max_series_per_node: int = 50_000
     # Behind a TCP balancer (haproxy send-proxy-v2): every connection starts with a PROXY
     # protocol header (v1 or v2) naming the client, which then stands for the peer in
-    # logs, the API and per-address checks (cloud_gateway.proxy_listener). Only from these
+    # logs, the API and per-address checks (cloud_gateway.ssh.balancer_listener). Only from these
     # CIDRs (empty: from any address, warned at start); a connection from elsewhere, or
     # without a whole header within the timeout, is closed. Off: exactly as before.
     proxy_protocol: bool = False
@@ -94,7 +94,7 @@ class HttpConfig:
     # HEAD are all a scrape needs: a browser holding an operator's credentials cannot be
     # made to change anything on a device unless the operator lists POST, PUT... here.
     proxy_methods: tuple[str, ...] = ("GET", "HEAD")
-    # The listener (cloud_gateway.http_listener). At max_connections a new connection
+    # The listener (cloud_gateway.listener). At max_connections a new connection
     # closes the oldest idle one (one that never sent a whole request first), so silent
     # sockets cannot keep /metrics and /healthz out; each takes one file descriptor
     # (LimitNOFILE in the systemd unit). A connection must send its first request's
@@ -138,7 +138,7 @@ class HttpConfig:
 @dataclass(frozen=True, kw_only=True)
 class RegistrySection:
     """``[registry]``: node liveness. The store's own
-    :class:`~cloud_gateway.registry.RegistryConfig` is built from it in ``app.py``."""
+    :class:`~cloud_gateway.registry.store.RegistryConfig` is built from it in ``app.py``."""
 
     # A connected node is stale (late; gpurelay_node_up 0) after this many of its intervals
     # plus the margin without a batch; its connection is closed (offline) after
@@ -151,7 +151,7 @@ class RegistrySection:
     # The label naming the node on device series and on gpurelay_node_*: "Hostname"
     # (dcgm-exporter up to 4.8) or "hostname" (its next release, PR #655). Stamped from
     # the node's certificate whatever the agent sent; an agent's other spelling is
-    # renamed (cloud_gateway.node_labels). Prometheus relabelling: deploy/prometheus.
+    # renamed (cloud_gateway.registry.node_labels). Prometheus relabelling: deploy/prometheus.
     node_label: str = "Hostname"
 
     def liveness(self) -> LivenessPolicy:
@@ -173,11 +173,11 @@ class GatewayConfig:
     ssh: SshConfig = field(default_factory=SshConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     registry: RegistrySection = field(default_factory=RegistrySection)
-    # Declared with the client that reads it (cloud_gateway.remote_write); url = "": off.
+    # Declared with the client that reads it (cloud_gateway.remote_write.client); url = "": off.
     remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
     # Where the node inventory lives; several gateways on one PostgreSQL database.
     cluster: ClusterSection = field(default_factory=ClusterSection)
-    # Nodes get and renew their certificates over SSH (cloud_gateway.enrollment); off.
+    # Nodes get and renew their certificates over SSH (cloud_gateway.ssh.enrollment); off.
     enroll: EnrollSection = field(default_factory=EnrollSection)
 
     def api_tokens(self) -> frozenset[str]:

@@ -15,19 +15,19 @@ from collections.abc import Collection, Mapping
 from http import HTTPStatus
 
 from cloud_gateway import __version__
-from cloud_gateway.auth_policy import REASONS
-from cloud_gateway.cluster import Cluster
-from cloud_gateway.enrollment import REFUSALS as ENROLL_REFUSALS
-from cloud_gateway.exposition import FamilySamples
-from cloud_gateway.forwarding import ForwardStats
-from cloud_gateway.http_api import ENDPOINTS
-from cloud_gateway.http_auth import AUTH_FAILURE_REASONS
-from cloud_gateway.http_listener import CLOSE_REASONS, ConnectionStats
-from cloud_gateway.ingest import IngestStats
-from cloud_gateway.proxy_protocol import REFUSALS
-from cloud_gateway.registry import NodeState
-from cloud_gateway.remote_write import RemoteWriteStats
-from cloud_gateway.series_policy import REFUSAL_CODES
+from cloud_gateway.cluster.membership import Cluster
+from cloud_gateway.exposition.body import FamilySamples
+from cloud_gateway.http.api import ENDPOINTS
+from cloud_gateway.http.auth import AUTH_FAILURE_REASONS
+from cloud_gateway.ingest.session import IngestStats
+from cloud_gateway.listener import CLOSE_REASONS, ConnectionStats
+from cloud_gateway.registry.series_policy import REFUSAL_CODES
+from cloud_gateway.registry.store import NodeState
+from cloud_gateway.remote_write.client import RemoteWriteStats
+from cloud_gateway.remote_write.forwarder import ForwardStats
+from cloud_gateway.ssh.balancer_header import REFUSALS
+from cloud_gateway.ssh.enrollment import REFUSALS as ENROLL_REFUSALS
+from cloud_gateway.trust.auth_policy import REASONS
 from gpurelay.model import Family, MetricType, Sample
 from gpurelay.wire.frames import WIRE_ERROR_CODES
 
@@ -309,7 +309,7 @@ def gateway_families(
     issued: Mapping[str, int] | None = None,
     peer_connections: ConnectionStats | None = None,
 ) -> list[FamilySamples]:
-    """``certificates``: the nodes' certificate expiry (:mod:`cloud_gateway.cert_expiry`)."""
+    """``certificates``: the nodes' certificate expiry (:mod:`cloud_gateway.trust.cert_expiry`)."""
     by_state = {s: 0 for s in ("online", "stale", "offline")}
     for state in states.values():
         by_state[state] += 1

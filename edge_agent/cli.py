@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _simulate(sim: SimulateConfig, value: str) -> SimulateConfig:
     """``--simulate``: ``N``, ``PROFILE`` or ``PROFILE:N``."""
-    from edge_agent.nvml.profiles import PROFILES  # pynvml: not for --version or a config
+    from edge_agent.sim.profiles import PROFILES  # pynvml: not for --version or a config
 
     name, _, count = value.rpartition(":") if ":" in value else ("", "", value)
     if not count.isdigit():

@@ -32,7 +32,7 @@ class SimulateConfig:
     gpus: int = 0  # 0 with a profile: the profile's count
     seed: int = 0
     mig: bool = False
-    # A machine profile (edge_agent.nvml.profiles: h100-sxm, h100-mig, a100-mig, rtx-4090,
+    # A machine profile (edge_agent.sim.profiles: h100-sxm, h100-mig, a100-mig, rtx-4090,
     # r470, h100-nocaps): what real NVML answers there, failures included.
     profile: str = ""
 
@@ -42,7 +42,7 @@ class SimulateConfig:
 
     processes_per_gpu: int = 4
     # Write a fake /proc and kubelet log tree for the simulated processes, so that
-    # attribution to pods and containers runs for real (see edge_agent.simhost).
+    # attribution to pods and containers runs for real (see edge_agent.sim.host).
     fake_host: bool = True
     # Serve the fake host's pods through a real pod-resources gRPC server in its directory:
     # "nvidia" (nvidia.com/gpu, MIG, time-slicing replicas) or "gpushare" (aliyun.com/gpu-mem).
@@ -307,7 +307,7 @@ def _validate_pod_resources(cfg: AgentConfig) -> None:
 def _validate_profile(name: str) -> None:
     # imported here: the profiles name pynvml's codes, and loading a config (the installer
     # checks the one it writes) must not need pynvml
-    from edge_agent.nvml.profiles import PROFILES
+    from edge_agent.sim.profiles import PROFILES
 
     if name not in PROFILES:
         raise ConfigError(

@@ -30,7 +30,7 @@ from edge_agent.errors import NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.nvml.guard import GpuGuard
-from edge_agent.nvml.profiles import DEFAULT_PROFILE, profile_named
+from edge_agent.sim.profiles import DEFAULT_PROFILE, profile_named
 from edge_agent.xid import XidWatcher
 
 log = logging.getLogger("edge_agent")
@@ -81,8 +81,8 @@ class Backend:
 def open_backend(cfg: AgentConfig) -> Backend:
     if not cfg.simulate.enabled:
         return Backend(open_real(), "nvml", cfg)
-    from edge_agent import simhost
-    from edge_agent.nvml.simulator import SimulatedNvml
+    from edge_agent.sim import host as simhost
+    from edge_agent.sim.nvml import SimulatedNvml
 
     sim_cfg = cfg.simulate
     machine = profile_named(sim_cfg.profile or DEFAULT_PROFILE)
@@ -106,7 +106,7 @@ def open_backend(cfg: AgentConfig) -> Backend:
     sim.nvmlInit()
     stop_kubelet = None
     if sim_cfg.fake_host:
-        from edge_agent import simkubelet
+        from edge_agent.sim import kubelet as simkubelet
 
         cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
     mig_gpus = sim.profile.mig_gpus

@@ -20,9 +20,9 @@ with atheris.instrument_imports(include=["gpurelay", "cloud_gateway", "common"])
     from common import PLAIN, SMALL, SMALL_LIMITS, plain_to_wire, split
     from prometheus_client.parser import text_string_to_metric_families
 
-    from cloud_gateway.exposition import Exposition
-    from cloud_gateway.ingest import Ingest
-    from cloud_gateway.registry import Registry
+    from cloud_gateway.exposition.body import Exposition
+    from cloud_gateway.ingest.session import Ingest
+    from cloud_gateway.registry.store import Registry
     from gpurelay.wire import DEFAULT_LIMITS, FrameDecoder, WireError
 
 

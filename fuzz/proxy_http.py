@@ -1,4 +1,4 @@
-"""Fuzz target: the gateway proxy's HTTP handling (:mod:`cloud_gateway.proxy_http`).
+"""Fuzz target: the gateway proxy's HTTP handling (:mod:`cloud_gateway.relay.upstream`).
 
 Two modes, picked by the control byte's top bit:
 
@@ -23,11 +23,11 @@ from urllib.parse import unquote_to_bytes
 
 import atheris
 
-with atheris.instrument_imports(include=["cloud_gateway.proxy_http", "h11", "common"]):
+with atheris.instrument_imports(include=["cloud_gateway.relay.upstream", "h11", "common"]):
     import h11
     from common import run_sync, split
 
-    from cloud_gateway.proxy_http import UpstreamChannel, UpstreamError, request_target
+    from cloud_gateway.relay.upstream import UpstreamChannel, UpstreamError, request_target
 
 TARGET = 0x80
 HEAD = 0x40

@@ -2,7 +2,7 @@
 
 asyncssh keeps a certificate's serial, type, key id and validity in private attributes, so
 both binaries read them here from the public blob: the gateway to judge a login
-(:mod:`cloud_gateway.auth_policy`) and to report expiries, the agent to know when to renew
+(:mod:`cloud_gateway.trust.auth_policy`) and to report expiries, the agent to know when to renew
 (:mod:`edge_agent.renew`). Certificates made with plain ``ssh-keygen -s`` read the same.
 """
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.cluster.config import ClusterSection
 from harness.fleet import TOKEN, Pki, make_pki
 from harness.haproxy import Haproxy
 from harness.ports import free_ports

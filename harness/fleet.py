@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from cloud_gateway import certs
 from cloud_gateway.app import Gateway
-from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.cluster.config import ClusterSection
 from cloud_gateway.config import GatewayConfig, HttpConfig, RegistrySection, SshConfig
+from cloud_gateway.trust import certs
 from edge_agent.app import Agent
 from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig, TunnelConfig
 from gpurelay.tasks import stop_task

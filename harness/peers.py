@@ -1,4 +1,4 @@
-"""A gateway's peer listener (:mod:`cloud_gateway.peers`) in the test's own loop, as the
+"""A gateway's peer listener (:mod:`cloud_gateway.relay.peers`) in the test's own loop, as the
 gateway starts it (guarded: its connection cap and timeouts), on a free loopback port: the
 in-process tests of the hop between gateways. The process-level cluster has its own
 (:mod:`harness.cluster`)."""
@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.http_listener import ConnectionGuard
-from cloud_gateway.peers import start_peer_listener
+from cloud_gateway.listener import ConnectionGuard
+from cloud_gateway.relay.peers import start_peer_listener
 
 PEER_TOKEN = "peer-secret-0123456789"
 

@@ -8,10 +8,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from edge_agent import simhost, simkubelet
 from edge_agent.config import AgentConfig, load
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.pipeline import Backend, Pipeline, build_pipeline
+from edge_agent.sim import host as simhost
+from edge_agent.sim import kubelet as simkubelet
+from edge_agent.sim.nvml import SimulatedNvml
 from gpurelay.model import Snapshot
 
 FIXED_TIME = 1_790_000_000.0
@@ -52,7 +53,7 @@ def make_pipeline(
     profile: str | None = None,
 ) -> tuple[Pipeline, SimulatedNvml, FakeClock]:
     """An agent pipeline over ``gpus`` simulated GPUs of machine ``profile`` (see
-    edge_agent.nvml.profiles; None: H100s, GPU 0 in MIG mode with ``mig``)."""
+    edge_agent.sim.profiles; None: H100s, GPU 0 in MIG mode with ``mig``)."""
     clock = clock or FakeClock()
     base = cfg or load(None, {})
     pids = simhost.default_pids(gpus * processes_per_gpu, seed)

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.cluster.config import ClusterSection
 from cloud_gateway.config import GatewayConfig, RegistrySection
 from cloud_gateway.config import load as load_gateway_config
 from harness.fleet import Pki, gateway_config

@@ -21,7 +21,7 @@ FORBIDDEN = {
 }
 MAX_LINES = 500
 # Over the limit on purpose; each says why in its own docstring.
-LONG_ON_PURPOSE = {"edge_agent/nvml/simulator.py"}
+LONG_ON_PURPOSE = {"edge_agent/sim/nvml.py"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

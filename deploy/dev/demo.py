@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from cloud_gateway import certs
+from cloud_gateway.trust import certs
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "certs" / "dev"
@@ -120,7 +120,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
     sys.exit(f"demo: {what} did not become ready at {url}")
 
 
-SIMULATED_PROFILE = "h100-sxm"  # without a GPU (edge_agent/nvml/profiles.py)
+SIMULATED_PROFILE = "h100-sxm"  # without a GPU (edge_agent/sim/profiles.py)
 
 
 def main() -> int:

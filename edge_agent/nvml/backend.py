@@ -1,7 +1,7 @@
 """The NVML seam: the exact subset of the ``pynvml`` API the agent calls.
 
 Two objects satisfy :class:`NvmlLib`: the real ``pynvml`` module, and
-:class:`edge_agent.nvml.simulator.SimulatedNvml`, which returns the same ctypes structs
+:class:`edge_agent.sim.nvml.SimulatedNvml`, which returns the same ctypes structs
 and raises the same ``pynvml.NVMLError`` subclasses. Everything above this seam runs the
 same code on a real GPU and in tests.
 

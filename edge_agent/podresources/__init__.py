@@ -8,7 +8,7 @@ The kubelet serves it over gRPC on ``/var/lib/kubelet/pod-resources/kubelet.sock
   dataclasses (no gRPC types leave this package).
 - :mod:`~edge_agent.podresources.client`: ``List`` with a deadline. It imports ``grpc``, so
   it is imported only once the socket exists: an agent outside Kubernetes never loads it.
-- :mod:`~edge_agent.podresources.server`: a real ``PodResourcesLister`` server, for the
+- :mod:`~edge_agent.sim.pod_resources_server`: a real ``PodResourcesLister`` server, for the
   simulator (``--simulate-pod-resources``) and the tests.
 
 Importing this package imports nothing of gRPC.

@@ -31,8 +31,8 @@ import httpx
 import pytest
 import yaml
 
-from edge_agent import simhost
 from edge_agent.config import AgentConfig
+from edge_agent.sim import host as simhost
 from harness.fleet import (
     TOKEN,
     agent_config,
@@ -174,7 +174,7 @@ class Prometheus(PromQL):
 
 def share_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rewrite the fake host tree the simulator builds (see SHARED_WITH_FIRST), and what
-    its simulated kubelet allocates (edge_agent.simkubelet, where it is on)."""
+    its simulated kubelet allocates (edge_agent.sim.kubelet, where it is on)."""
     build = simhost.build
 
     def shared_build(root: Path, pids: Sequence[int], seed: int = 0) -> simhost.FakeHost:

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.enrollment import EnrollSection
-from cloud_gateway.signing import make_enroll_token
+from cloud_gateway.ssh.enrollment import EnrollSection
+from cloud_gateway.trust.signing import make_enroll_token
 from edge_agent.config import AgentConfig, TunnelConfig
 from edge_agent.enroll import enroll
 from edge_agent.tunnel_stats import TunnelStats

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway.certs import Credentials
-from cloud_gateway.cluster_config import ClusterSection
-from cloud_gateway.nodes_cli import run_nodes
+from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.commands.nodes import run_nodes
+from cloud_gateway.trust.certs import Credentials
 from gpurelay.ssh_cert import certificate_info
 from harness.fleet import (
     TOKEN,

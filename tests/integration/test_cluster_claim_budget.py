@@ -1,18 +1,18 @@
 """A node in a reconnect loop costs the directory at most CLAIMS_PER_NODE claims per
-CLAIM_WINDOW_SECONDS on one gateway (cloud_gateway.cluster.ClaimBudget); beyond that the
+CLAIM_WINDOW_SECONDS on one gateway (cloud_gateway.cluster.membership.ClaimBudget); beyond that the
 claim is refused with a message saying why (ERROR unavailable to the agent, which backs
 off), and no transaction is made. A node held by ssh.duplicate_connection = refuse_both
-(cloud_gateway.conflicts) costs no claim at all. Against a real PostgreSQL."""
+(cloud_gateway.ssh.conflicts) costs no claim at all. Against a real PostgreSQL."""
 
 from __future__ import annotations
 
 import pytest
 
-from cloud_gateway.admission import AdmissionRefused
-from cloud_gateway.cluster import CLAIM_WINDOW_SECONDS, CLAIMS_PER_NODE, ClaimRefused
-from cloud_gateway.cluster_config import ClusterSection
-from cloud_gateway.directory_link import DirectoryLink
-from cloud_gateway.registry import Registry
+from cloud_gateway.cluster.admission import AdmissionRefused
+from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.link import DirectoryLink
+from cloud_gateway.cluster.membership import CLAIM_WINDOW_SECONDS, CLAIMS_PER_NODE, ClaimRefused
+from cloud_gateway.registry.store import Registry
 from gpurelay.wire import Hello
 from tests.integration.test_cluster_membership import FACTS, Member
 

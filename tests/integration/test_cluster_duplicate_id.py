@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.cluster import ClaimRefused, Cluster
-from cloud_gateway.directory import DirectoryError
-from cloud_gateway.directory_members import DuplicateGateway
-from cloud_gateway.directory_pg import MIGRATIONS, VERSION, PostgresDirectory
+from cloud_gateway.cluster.directory import DirectoryError
+from cloud_gateway.cluster.members import DuplicateGateway
+from cloud_gateway.cluster.membership import ClaimRefused, Cluster
+from cloud_gateway.cluster.store_pg import MIGRATIONS, VERSION, PostgresDirectory
 from harness.cluster import ClusterSpec, running_cluster
 from harness.ports import free_ports
 from harness.services import GatewayProc

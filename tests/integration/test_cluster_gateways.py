@@ -13,7 +13,7 @@ import pytest
 
 from cloud_gateway.app import Gateway
 from cloud_gateway.cli import main
-from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.cluster.config import ClusterSection
 from harness.fleet import (
     TOKEN,
     agent_config,

@@ -1,4 +1,4 @@
-"""Cluster hygiene against a real PostgreSQL (cloud_gateway.cluster): a gateway restarted
+"""Cluster hygiene against a real PostgreSQL (cloud_gateway.cluster.membership): a gateway restarted
 with the same id hands the nodes of its earlier run to the leader (they must not vanish
 from every /metrics until their agents return), and the leader forgets gateways that have
 been silent for ``forget_gateways_after_seconds``."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from cloud_gateway.directory_pg import PostgresDirectory
+from cloud_gateway.cluster.store_pg import PostgresDirectory
 from tests.integration.test_cluster_membership import FACTS, Member
 
 

@@ -1,6 +1,6 @@
 """A fourth gateway joins three behind haproxy (harness/cluster.py): the load spreads onto
 it without a reconnect storm. Nothing tells the agents; the three gateways above their new
-fair share let a few go with GOODBYE (cloud_gateway/cluster.py: at most 2 a second each),
+fair share let a few go with GOODBYE (cloud_gateway/cluster/membership.py: at most 2 a second each),
 and their agents reconnect through haproxy (leastconn), mostly onto the newcomer.
 
 Sizes (2 CI cores, next to four gateways, PostgreSQL, haproxy and two Prometheus servers):
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.cluster import SHED_PER_SECOND, SHED_SLACK
+from cloud_gateway.cluster.membership import SHED_PER_SECOND, SHED_SLACK
 from harness.cluster import Cluster, ClusterSpec, running_cluster
 from harness.prometheus import assert_nothing_lost
 from harness.waiting import wait_until

@@ -1,4 +1,4 @@
-"""A gateway's membership of a cluster (cloud_gateway.cluster) against a real PostgreSQL:
+"""A gateway's membership of a cluster (cloud_gateway.cluster.membership) against a real PostgreSQL:
 newer claims win across gateways, a gateway that loses the directory fences itself before
 the others could take its nodes, and heals when the directory is back."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.cluster import ClaimRefused, Cluster
-from cloud_gateway.directory import DirectoryError, NodeFacts
-from cloud_gateway.directory_pg import PostgresDirectory
+from cloud_gateway.cluster.directory import DirectoryError, NodeFacts
+from cloud_gateway.cluster.membership import ClaimRefused, Cluster
+from cloud_gateway.cluster.store_pg import PostgresDirectory
 from harness.postgres import PostgresServer
 
 FACTS = NodeFacts(agent_version="1.0", hostname="edge", backend="simulated")

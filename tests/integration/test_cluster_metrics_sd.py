@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.directory_pg import PostgresDirectory
+from cloud_gateway.cluster.store_pg import PostgresDirectory
 from harness.fleet import agent_config, make_pki, running_agent, running_gateway
 from harness.fleet import cluster_member as member
 from harness.waiting import wait_for

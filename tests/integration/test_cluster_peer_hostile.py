@@ -1,4 +1,4 @@
-"""The peer listener (cloud_gateway.peers) under hostile clients: a flood of silent
+"""The peer listener (cloud_gateway.relay.peers) under hostile clients: a flood of silent
 connections, wrong and missing tokens, slow headers and a slow body. Each gets a clear
 answer or is closed, the listener holds at most PEER_MAX_CONNECTIONS connections, and a
 real proxied scrape through the peer hop still works during and after the flood."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from cloud_gateway.peers import PEER_MAX_CONNECTIONS, PEER_PREFIX, PeerClient
+from cloud_gateway.relay.peers import PEER_MAX_CONNECTIONS, PEER_PREFIX, PeerClient
 from harness.fleet import (
     TOKEN,
     agent_config,

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.prompb import encode_write_request, snappy_compress
+from cloud_gateway.remote_write.prompb import encode_write_request, snappy_compress
 from harness.haproxy import Haproxy
 from harness.victoria import VictoriaMetrics
 from harness.waiting import wait_until

@@ -22,12 +22,12 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from cloud_gateway import certs
 from cloud_gateway.app import Gateway
-from cloud_gateway.cluster_config import ClusterSection
+from cloud_gateway.cluster.config import ClusterSection
 from cloud_gateway.config import GatewayConfig
-from cloud_gateway.enrollment import EnrollSection
-from cloud_gateway.signing import SigningRefused, make_enroll_token
+from cloud_gateway.ssh.enrollment import EnrollSection
+from cloud_gateway.trust import certs
+from cloud_gateway.trust.signing import SigningRefused, make_enroll_token
 from gpurelay.enrollment import ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM, sign_token
 from gpurelay.ssh_cert import certificate_info
 from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello

@@ -16,9 +16,9 @@ import asyncssh
 import pytest
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.enrollment import Enrollment
-from cloud_gateway.login_limit import LoginLimiter
-from cloud_gateway.signing import make_enroll_token
+from cloud_gateway.ssh.enrollment import Enrollment
+from cloud_gateway.trust.login_limit import LoginLimiter
+from cloud_gateway.trust.signing import make_enroll_token
 from gpurelay.enrollment import ENROLL_SUBSYSTEM
 from gpurelay.wire import SUBSYSTEM
 from harness.fleet import auth_failures, make_pki, running_gateway

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_agent import simhost
 from edge_agent.config import AttributionConfig
+from edge_agent.sim import host as simhost
 from harness.fleet import agent_config, gateway_config, make_pki, running_agent, running_gateway
 from harness.prometheus import running_prometheus
 from harness.waiting import wait_for

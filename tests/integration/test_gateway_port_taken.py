@@ -10,8 +10,8 @@ from typing import cast
 import pytest
 
 from cloud_gateway.errors import ListenError
-from cloud_gateway.peers import start_peer_listener
-from cloud_gateway.proxy import Proxy
+from cloud_gateway.relay.peers import start_peer_listener
+from cloud_gateway.relay.relay import Proxy
 from harness.fleet import make_pki
 from harness.services import GatewayProc
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.http_api import HttpState
-from cloud_gateway.http_api import make_app as make_gateway_app
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.http.api import HttpState
+from cloud_gateway.http.api import make_app as make_gateway_app
+from cloud_gateway.registry.store import Registry
 from edge_agent import http_server
 from gpurelay.web_config import BasicAuth
 from harness.pipeline import make_pipeline

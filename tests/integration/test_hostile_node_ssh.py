@@ -16,8 +16,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from cloud_gateway import certs
 from cloud_gateway.app import Gateway
+from cloud_gateway.trust import certs
 from gpurelay.wire import SUBSYSTEM, ErrorFrame, FrameDecoder, FrameEncoder, Hello
 from harness.fleet import (
     Pki,

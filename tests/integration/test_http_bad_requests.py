@@ -2,7 +2,7 @@
 in the log one throttled WARNING line with the client and the reason, not a traceback per
 request (aiohttp's ``aiohttp.server`` logger logs each at ERROR with its traceback).
 
-The gateway's real listener (cloud_gateway.http_listener around aiohttp) counts them in
+The gateway's real listener (cloud_gateway.listener around aiohttp) counts them in
 ``gpurelay_gateway_http_connections_closed_total{reason="bad_request"}``; the agent's own
 server (edge_agent.httpd) answers them without logging anything.
 """

@@ -1,5 +1,5 @@
 """A proxied scrape of a node owned by another gateway takes one authenticated hop to the
-owner's peer listener (cloud_gateway.peers), and never more than one."""
+owner's peer listener (cloud_gateway.relay.peers), and never more than one."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.cluster_config import ClusterSection, peer_tls
+from cloud_gateway.cluster.config import ClusterSection, peer_tls
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.peers import PEER_PREFIX, PeerClient
+from cloud_gateway.relay.peers import PEER_PREFIX, PeerClient
 from harness.fleet import (
     TOKEN,
     agent_config,

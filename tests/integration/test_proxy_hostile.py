@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.proxy_http import request_target
+from cloud_gateway.relay.upstream import request_target
 from edge_agent.config import PublishConfig
 from harness.fleet import (
     TOKEN,

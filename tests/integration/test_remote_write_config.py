@@ -4,7 +4,7 @@ and a real Prometheus receiver.
 - The ``[spool]`` and ``[remote_write]`` sections written in README.md,
   docs/operator-guide.md, deploy/prometheus/README.md, the installer and the Kubernetes
   ConfigMaps use the real key names and defaults (``edge_agent.config.SpoolConfig``,
-  ``cloud_gateway.remote_write.RemoteWriteConfig``; deprecated keys are not written down)
+  ``cloud_gateway.remote_write.client.RemoteWriteConfig``; deprecated keys are not written down)
   and load with the real config loaders; no doc or deploy file sets a deprecated key.
 - deploy/prometheus/remote-write-receiver.yml, run by a real ``prometheus`` binary with
   ``--web.enable-remote-write-receiver``, stores a sample as old as the oldest one a
@@ -30,8 +30,8 @@ import yaml
 
 from cloud_gateway import config as gateway_config
 from cloud_gateway import gateway_metrics
-from cloud_gateway.prompb import Series, encode_write_request, snappy_compress
-from cloud_gateway.remote_write import PROTOCOL_HEADERS, RemoteWriteConfig
+from cloud_gateway.remote_write.client import PROTOCOL_HEADERS, RemoteWriteConfig
+from cloud_gateway.remote_write.prompb import Series, encode_write_request, snappy_compress
 from edge_agent import outbox, tunnel
 from edge_agent.config import SpoolConfig
 from gpurelay.model import Family

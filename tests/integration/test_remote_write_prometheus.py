@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.prompb import Series
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.prompb import Series
 from harness.prometheus import running_receiver
 
 CONFIG = """\

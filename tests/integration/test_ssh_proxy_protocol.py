@@ -31,7 +31,7 @@ import pytest
 
 from cloud_gateway.app import Gateway
 from cloud_gateway.config import GatewayConfig
-from cloud_gateway.proxy_protocol import V2_SIGNATURE
+from cloud_gateway.ssh.balancer_header import V2_SIGNATURE
 from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello
 from harness.fleet import (
     TOKEN,

@@ -14,8 +14,8 @@ import asyncssh
 import httpx
 import pytest
 
-from cloud_gateway import certs
 from cloud_gateway.app import Gateway
+from cloud_gateway.trust import certs
 from gpurelay.enrollment import RENEW_SUBSYSTEM
 from gpurelay.ssh_cert import certificate_info
 from gpurelay.wire import SUBSYSTEM, FrameEncoder, Hello

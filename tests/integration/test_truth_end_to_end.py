@@ -1,6 +1,6 @@
 """Truth end to end (issue 23): every figure a user reads is what NVML said.
 
-One test per machine profile of the simulator (:data:`edge_agent.nvml.profiles.PROFILES`).
+One test per machine profile of the simulator (:data:`edge_agent.sim.profiles.PROFILES`).
 All profiles run at once as nodes of one real gateway, scraped by one real Prometheus with
 the shipped ``prometheus.yml`` (:mod:`tests.integration.truth_fleet`); the source values
 are the simulator's own answers (:mod:`tests.integration.truth_source`). Each test
@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from cloud_gateway.ui_html import mib, pct
-from edge_agent.nvml.profiles import PROFILES
+from cloud_gateway.http.ui.html import mib, pct
+from edge_agent.sim.profiles import PROFILES
 from harness.fleet import TOKEN
 from tests.integration.test_adapter_and_dashboards import (
     BUILTINS,

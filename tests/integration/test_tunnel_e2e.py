@@ -12,8 +12,8 @@ import asyncssh
 import httpx
 import pytest
 
-from cloud_gateway import certs
-from cloud_gateway.nodes_cli import run_nodes
+from cloud_gateway.commands.nodes import run_nodes
+from cloud_gateway.trust import certs
 from edge_agent.tunnel import Tunnel
 from gpurelay.wire import SUBSYSTEM, ErrorFrame, FrameDecoder
 from harness.fleet import (

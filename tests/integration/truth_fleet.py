@@ -1,7 +1,7 @@
 """A still fleet for the truth test: one agent per machine profile, every value fixed.
 
 :func:`running_truth_fleet` runs a real gateway and, in this process, one agent per
-simulator profile (:data:`edge_agent.nvml.profiles.PROFILES`), each as its own node, and
+simulator profile (:data:`edge_agent.sim.profiles.PROFILES`), each as its own node, and
 a real ``prometheus`` binary with the shipped ``deploy/prometheus/prometheus.yml`` (both
 jobs: the gateway's unified ``/metrics`` and each agent's exporter through the gateway),
 only its addresses, token file and intervals substituted.
@@ -31,12 +31,12 @@ import httpx
 import pytest
 
 from cloud_gateway.app import Gateway
-from edge_agent import simhost
 from edge_agent.app import Agent
 from edge_agent.catalog import load_counters
 from edge_agent.config import SimulateConfig
-from edge_agent.nvml import simulator
-from edge_agent.nvml.profiles import PROFILES
+from edge_agent.sim import host as simhost
+from edge_agent.sim import nvml as simulator
+from edge_agent.sim.profiles import PROFILES
 from harness.fleet import (
     TOKEN,
     agent_config,

@@ -1,7 +1,7 @@
 """What the simulator said: the source value of every figure the product publishes.
 
 Issue 23, "Truth end to end": each figure a user reads must equal what NVML answered.
-This module asks a :class:`~edge_agent.nvml.simulator.SimulatedNvml` directly, with the
+This module asks a :class:`~edge_agent.sim.nvml.SimulatedNvml` directly, with the
 plain ``pynvml`` calls and dcgm-exporter's units, written out here independently of
 ``edge_agent.fields``: MiB = bytes // 2**20 (framebuffer), W = mW / 1000, GPM percent /
 100 for the ``DCGM_FI_PROF_*`` ratios, PCIe bytes/s = GPM MiB/s * 2**20 (or, where the GPU
@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml
 
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 
 MIB = 2**20
 Handle = Any

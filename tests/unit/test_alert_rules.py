@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cloud_gateway import cert_expiry, exposition, gateway_metrics
+from cloud_gateway import gateway_metrics
+from cloud_gateway.exposition import body as exposition
+from cloud_gateway.trust import cert_expiry
 from edge_agent import outbox
 from gpurelay.model import Family
 

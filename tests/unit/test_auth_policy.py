@@ -13,8 +13,9 @@ import asyncssh
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway import certs
-from cloud_gateway.auth_policy import (
+from cloud_gateway.errors import CertError, InvalidNodeName
+from cloud_gateway.trust import certs
+from cloud_gateway.trust.auth_policy import (
     REASONS,
     check_user_certificate,
     describe,
@@ -22,8 +23,7 @@ from cloud_gateway.auth_policy import (
     node_name_problem,
     validate_node_name,
 )
-from cloud_gateway.errors import CertError, InvalidNodeName
-from cloud_gateway.revocation import RevocationList
+from cloud_gateway.trust.revocation import RevocationList
 from gpurelay.ssh_cert import certificate_info
 
 SSH_KEYGEN = shutil.which("ssh-keygen")

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 import harness.fleet
-from cloud_gateway.delivery import Delivery
-from cloud_gateway.forwarding import QueuedCollection
-from cloud_gateway.remote_write import RemoteWriteUnavailable
+from cloud_gateway.ingest.delivery import Delivery
+from cloud_gateway.remote_write.client import RemoteWriteUnavailable
+from cloud_gateway.remote_write.forwarder import QueuedCollection
 from gpurelay.tasks import stop_tasks
 from harness.process import HarnessError
 

@@ -1,4 +1,4 @@
-"""Node certificate expiry (cloud_gateway.cert_expiry): the gauge, the warnings at 14 and 3
+"""Node certificate expiry (cloud_gateway.trust.cert_expiry): the gauge, the warnings at 14 and 3
 days (once per threshold per node per certificate), forgetting, the inventory fact, and
 the ``cloud-gateway nodes`` column."""
 
@@ -11,13 +11,13 @@ import asyncssh
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry, expiry_of
-from cloud_gateway.directory import DirectoryError, NodeFacts
-from cloud_gateway.exposition import Exposition
+from cloud_gateway.cluster.directory import DirectoryError, NodeFacts
+from cloud_gateway.commands.nodes import render_table
+from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.gateway_metrics import gateway_families
-from cloud_gateway.ingest import IngestStats
-from cloud_gateway.nodes_cli import render_table
-from cloud_gateway.registry import Registry
+from cloud_gateway.ingest.session import IngestStats
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.trust.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry, expiry_of
 from gpurelay.ssh_cert import FOREVER
 from tests.promtool_support import unexpected_findings
 

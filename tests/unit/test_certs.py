@@ -1,4 +1,4 @@
-"""The fleet PKI (cloud_gateway.certs) and its CLI (cloud_gateway.cli_certs)."""
+"""The fleet PKI (cloud_gateway.trust.certs) and its CLI (cloud_gateway.commands.certs)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import asyncssh
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway import certs
-from cloud_gateway.cli_certs import add_certs_parser, run_certs
+from cloud_gateway.commands.certs import add_certs_parser, run_certs
 from cloud_gateway.errors import (
     CaExistsError,
     CaNotFoundError,
@@ -25,7 +24,8 @@ from cloud_gateway.errors import (
     InvalidNodeName,
     RevocationFileError,
 )
-from cloud_gateway.revocation import RevocationList, Rule
+from cloud_gateway.trust import certs
+from cloud_gateway.trust.revocation import RevocationList, Rule
 from gpurelay.ssh_cert import certificate_info
 
 SSH_KEYGEN = shutil.which("ssh-keygen")

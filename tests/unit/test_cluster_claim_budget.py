@@ -1,8 +1,8 @@
-"""cloud_gateway.cluster.ClaimBudget: at most ``limit`` claims of one node per window."""
+"""cloud_gateway.cluster.membership.ClaimBudget: at most ``limit`` claims of one node per window."""
 
 from __future__ import annotations
 
-from cloud_gateway.cluster import CLAIM_WINDOW_SECONDS, CLAIMS_PER_NODE, ClaimBudget
+from cloud_gateway.cluster.membership import CLAIM_WINDOW_SECONDS, CLAIMS_PER_NODE, ClaimBudget
 
 
 def test_claims_beyond_the_limit_wait_for_the_oldest_to_leave_the_window() -> None:

@@ -1,6 +1,6 @@
 """Two gateways with one ``[cluster] gateway_id`` (issue 16 follow-up): the pure half.
 
-At join (:func:`cloud_gateway.cluster_join.judge`) a row of another instance that still
+At join (:func:`cloud_gateway.cluster.join.judge`) a row of another instance that still
 heartbeats refuses the newcomer, one that went stale is an earlier run that died (taken
 over), one not yet judged is watched for up to the ttl. A running gateway whose heartbeat
 finds its row held by another instance fences itself once and counts it."""
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from cloud_gateway.cluster import ClaimRefused, Cluster
-from cloud_gateway.cluster_join import conflict, judge, refusal
-from cloud_gateway.directory_members import DuplicateGateway, Holder, Member, new_instance
-from cloud_gateway.directory_pg import PostgresDirectory
+from cloud_gateway.cluster.join import conflict, judge, refusal
+from cloud_gateway.cluster.members import DuplicateGateway, Holder, Member, new_instance
+from cloud_gateway.cluster.membership import ClaimRefused, Cluster
+from cloud_gateway.cluster.store_pg import PostgresDirectory
 from cloud_gateway.gateway_metrics import cluster_families
 
 MINE = "aaaaaaaaaaaaaaaa"

@@ -12,12 +12,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from cloud_gateway.cli import main
-from cloud_gateway.cluster import to_shed
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.fleet_documents import metrics_targets
-from cloud_gateway.gateways_cli import render_table
-from cloud_gateway.http_api import HttpState, make_app
-from cloud_gateway.registry import Registry
+from cloud_gateway.cluster.membership import to_shed
+from cloud_gateway.commands.gateways import render_table
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.http.api import HttpState, make_app
+from cloud_gateway.http.fleet_documents import metrics_targets
+from cloud_gateway.registry.store import Registry
 
 
 @pytest.mark.parametrize(
@@ -162,8 +162,8 @@ async def test_gateways_command_against_a_gateway(capsys: pytest.CaptureFixture[
 def test_a_gateway_above_its_share_sheds_after_two_heartbeats_in_a_row() -> None:
     from types import SimpleNamespace
 
-    from cloud_gateway.cluster import Cluster
-    from cloud_gateway.directory_pg import Member
+    from cloud_gateway.cluster.membership import Cluster
+    from cloud_gateway.cluster.store_pg import Member
 
     shed: list[list[str]] = []
     directory = SimpleNamespace(gateway="gw-a", on_claim=None)

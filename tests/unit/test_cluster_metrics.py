@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cloud_gateway.cluster import ClusterStats
+from cloud_gateway.cluster.membership import ClusterStats
 from cloud_gateway.gateway_metrics import cluster_families
-from cloud_gateway.http_listener import ConnectionStats
+from cloud_gateway.listener import ConnectionStats
 
 
 def values(families: list[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from cloud_gateway.cluster import Cluster
-from cloud_gateway.directory import NodeEntry, NodeFacts
-from cloud_gateway.directory_members import Member
+from cloud_gateway.cluster.directory import NodeEntry, NodeFacts
+from cloud_gateway.cluster.members import Member
+from cloud_gateway.cluster.membership import Cluster
 
 
 def entry(connected: bool, epoch: int) -> NodeEntry:

@@ -8,8 +8,8 @@ survivor after their backoff, offline meanwhile, one more reconnect each."""
 
 from __future__ import annotations
 
-from cloud_gateway.cluster import Cluster
-from cloud_gateway.directory_pg import Member
+from cloud_gateway.cluster.membership import Cluster
+from cloud_gateway.cluster.store_pg import Member
 from tests.unit.test_cluster_shedding import holding
 
 

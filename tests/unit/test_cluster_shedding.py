@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cloud_gateway.cluster import Cluster, to_shed
-from cloud_gateway.directory_pg import Member
+from cloud_gateway.cluster.membership import Cluster, to_shed
+from cloud_gateway.cluster.store_pg import Member
 
 
 @pytest.mark.parametrize(

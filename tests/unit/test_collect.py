@@ -13,7 +13,7 @@ import pytest
 from edge_agent.catalog import parse_counters
 from edge_agent.config import load
 from edge_agent.nvml.backend import explain_init_failure
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 from gpurelay.model import Snapshot
 from harness.pipeline import make_pipeline
 

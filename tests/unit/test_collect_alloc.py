@@ -12,9 +12,9 @@ import pytest
 from edge_agent.attribute.pod_resources import PodDevices
 from edge_agent.collect_alloc import ALLOC_FAMILIES, AllocationCollector
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.podresources.model import ContainerDevices
-from edge_agent.podresources.server import PodResourcesServer
+from edge_agent.sim.nvml import SimulatedNvml
+from edge_agent.sim.pod_resources_server import PodResourcesServer
 from gpurelay.model import MIB, SampleSink
 
 H100_MIB = 85_520_809_984 // MIB  # 81559, the simulator's total memory

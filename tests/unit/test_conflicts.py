@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from cloud_gateway.conflicts import ConflictPolicy
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.registry import Registry
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.ssh.conflicts import ConflictPolicy
 from gpurelay.wire import Hello, WireError
 
 T0 = 1_790_000_000.0

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from cloud_gateway.ssh_server import SshServer, _TelemetryChannel
+from cloud_gateway.ssh.server import SshServer, _TelemetryChannel
 from gpurelay.wire import Batch, Declare, Frame, Hello, SeriesDecl
 
 HELLO = Hello(agent_version="1", node="n")

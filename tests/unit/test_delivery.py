@@ -6,8 +6,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from cloud_gateway.delivery import Delivery, DeliverySettings, NodeDelivery
-from cloud_gateway.forwarding import QueuedCollection
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings, NodeDelivery
+from cloud_gateway.remote_write.forwarder import QueuedCollection
 from gpurelay.wire import Ack, Frame
 
 LOG = logging.getLogger("test.delivery")

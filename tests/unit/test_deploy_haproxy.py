@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway.config import GatewayConfig
-from cloud_gateway.http_api import ENDPOINTS
+from cloud_gateway.http.api import ENDPOINTS
 from edge_agent.config import AgentConfig, silence_timeout
 from gpurelay.settings import split_host_port
 

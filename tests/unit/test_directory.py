@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway import directory_pg
-from cloud_gateway.directory import Claim, Directory, DirectoryError, NodeFacts
-from cloud_gateway.directory_pg import PostgresDirectory
-from cloud_gateway.directory_sqlite import MIGRATIONS, VERSION, SqliteDirectory
+from cloud_gateway.cluster import store_pg as directory_pg
+from cloud_gateway.cluster.directory import Claim, Directory, DirectoryError, NodeFacts
+from cloud_gateway.cluster.store_pg import PostgresDirectory
+from cloud_gateway.cluster.store_sqlite import MIGRATIONS, VERSION, SqliteDirectory
 from gpurelay.model import GpuInventory
 from gpurelay.wire import Hello
 

@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from cloud_gateway.directory import DirectoryError
-from cloud_gateway.directory_pg import PoolLogThrottle, PostgresDirectory
+from cloud_gateway.cluster.directory import DirectoryError
+from cloud_gateway.cluster.store_pg import PoolLogThrottle, PostgresDirectory
 
 
 class Conn:

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from cloud_gateway import config as gateway_config
-from cloud_gateway.enrollment import EnrollSection
+from cloud_gateway.ssh.enrollment import EnrollSection
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
 SECTION = "## Enrolling nodes and renewing certificates\n"

@@ -17,16 +17,22 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from cloud_gateway import certs, enrollment
 from cloud_gateway.cli import main
+from cloud_gateway.cluster.nonces import MemoryNonces
 from cloud_gateway.config import load
-from cloud_gateway.directory_nonces import MemoryNonces
-from cloud_gateway.enrollment import Enrollment, EnrollSection, Refusal, check_enroll
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.gateway_metrics import AUTH_REASONS
-from cloud_gateway.revocation import RevocationList, RevocationWatcher
-from cloud_gateway.signer import SignerServer, SocketSigner
-from cloud_gateway.signing import LocalSigner, SigningRefused, make_enroll_token, sign_node_key
+from cloud_gateway.ssh import enrollment
+from cloud_gateway.ssh.enrollment import Enrollment, EnrollSection, Refusal, check_enroll
+from cloud_gateway.trust import certs
+from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher
+from cloud_gateway.trust.signer_socket import SignerServer, SocketSigner
+from cloud_gateway.trust.signing import (
+    LocalSigner,
+    SigningRefused,
+    make_enroll_token,
+    sign_node_key,
+)
 from gpurelay.enrollment import parse_token, verify_token
 from gpurelay.ssh_cert import certificate_info
 from tests.conftest import required_tool

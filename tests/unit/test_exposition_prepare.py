@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.registry.store import Registry
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 NODES = ("n1", "n2", "n3")

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from cloud_gateway.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry
-from cloud_gateway.exposition import Exposition
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.exposition.shards import shard_of
 from cloud_gateway.gateway_metrics import gateway_families
-from cloud_gateway.http_api import HttpState, make_app
-from cloud_gateway.ingest import IngestStats
-from cloud_gateway.registry import Registry
-from cloud_gateway.registry_types import Liveness
-from cloud_gateway.shards import shard_of
+from cloud_gateway.http.api import HttpState, make_app
+from cloud_gateway.ingest.session import IngestStats
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.registry.types import Liveness
+from cloud_gateway.trust.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry
 from gpurelay.model import Snapshot
 from tests.promtool_support import unexpected_findings
 from tests.unit.test_gateway_exposition import OWN, T0, Agent, snapshot

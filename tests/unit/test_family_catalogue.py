@@ -19,9 +19,9 @@ import edge_agent
 from edge_agent.catalog import load_counters, parse_counters
 from edge_agent.config import load
 from edge_agent.fields import LABEL_SOURCES, SOURCES
-from edge_agent.nvml.profiles import PROFILES
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.sim.nvml import SimulatedNvml
+from edge_agent.sim.profiles import PROFILES
 from gpurelay.families import CatalogueError, catalogue, known, parse_catalogue
 from gpurelay.model import Family
 

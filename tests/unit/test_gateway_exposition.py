@@ -15,8 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from cloud_gateway.bie_view import bie_document
-from cloud_gateway.exposition import (
+from cloud_gateway.exposition.body import (
     NODE_LAST_SEEN,
     NODE_LATE_AFTER,
     NODE_STATE,
@@ -25,7 +24,8 @@ from cloud_gateway.exposition import (
     Exposition,
     header,
 )
-from cloud_gateway.registry import Registry, RegistryConfig, stamp_node
+from cloud_gateway.http.bie import bie_document
+from cloud_gateway.registry.store import Registry, RegistryConfig, stamp_node
 from gpurelay.exposition import format_labels, format_value, openmetrics_header, text_header
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry
 from edge_agent.encode import SnapshotEncoder
 from gpurelay.record import RecordEncoder
 from gpurelay.wire import (

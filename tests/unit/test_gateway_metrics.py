@@ -8,13 +8,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.forwarding import ForwardStats
+from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.gateway_metrics import AUTH_REASONS, gateway_families
-from cloud_gateway.http_api import ENDPOINTS, HttpState, make_app
-from cloud_gateway.ingest import IngestStats
-from cloud_gateway.registry import Registry
-from cloud_gateway.remote_write import RemoteWriteStats
+from cloud_gateway.http.api import ENDPOINTS, HttpState, make_app
+from cloud_gateway.ingest.session import IngestStats
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.remote_write.client import RemoteWriteStats
+from cloud_gateway.remote_write.forwarder import ForwardStats
 from tests.promtool_support import unexpected_findings
 
 

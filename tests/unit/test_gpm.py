@@ -24,7 +24,7 @@ from edge_agent.collect_device import DeviceCollector
 from edge_agent.fields import Carryover, NoValueYet
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.nvml.gpm import GpmStream
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Snapshot
 from harness.pipeline import FakeClock

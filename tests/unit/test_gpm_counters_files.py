@@ -15,7 +15,7 @@ import pytest
 
 from edge_agent.catalog import load_counters, parse_counters
 from edge_agent.config import load
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 from gpurelay.model import Snapshot
 from harness.pipeline import FakeClock, make_pipeline
 from tests.unit.test_gpm import Node

@@ -8,7 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 from harness.pipeline import FakeClock
 
 H100, A100, T4 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla T4"

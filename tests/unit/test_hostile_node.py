@@ -13,8 +13,8 @@ import zlib
 
 import pytest
 
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.registry import Registry, RegistryConfig
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry, RegistryConfig
 from gpurelay import logs
 from gpurelay import record as record_codec
 from gpurelay.families import known
@@ -359,7 +359,7 @@ async def test_family_churn_on_a_live_connection_is_given_back() -> None:
     them, round after round, while /metrics is scraped whole and by shard. Each family
     gone from the fleet left its header (and, once a shard scrape had read it, its last
     blocks) in the exposition's caches: the gateway grew every round, for good."""
-    from cloud_gateway.exposition import Exposition
+    from cloud_gateway.exposition.body import Exposition
 
     reg = Registry()
     expo = Exposition(reg)

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from cloud_gateway.endpoints import EndpointTable
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.http_api import HttpState, make_app
-from cloud_gateway.proxy import Proxy
-from cloud_gateway.registry import Registry
-from cloud_gateway.shards import ShardError, parse_shard
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.exposition.shards import ShardError, parse_shard
+from cloud_gateway.http.api import HttpState, make_app
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.relay.endpoints import EndpointTable
+from cloud_gateway.relay.relay import Proxy
 
 AUTH = {"Authorization": "Bearer t0ken"}
 LONG = "1" * 5000  # int() refuses more than 4,300 digits

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from cloud_gateway.http_listener import ConnectionGuard
+from cloud_gateway.listener import ConnectionGuard
 
 
 class FakeTransport(asyncio.Transport):

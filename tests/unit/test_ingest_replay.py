@@ -10,10 +10,10 @@ import cramjam
 import httpx
 import pytest
 
-from cloud_gateway.ingest import Ingest, NodeSession
-from cloud_gateway.prompb import Series
-from cloud_gateway.registry import Registry
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.ingest.session import Ingest, NodeSession
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.prompb import Series
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.record import RecordEncoder
 from gpurelay.wire import Ack, Batch, Declare, Frame, Hello, Replay, SeriesDecl, WireError

@@ -8,17 +8,17 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from cloud_gateway import certs
 from cloud_gateway.config import load
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.key_policy import (
+from cloud_gateway.trust import certs
+from cloud_gateway.trust.key_policy import (
     DEFAULT_MIN_RSA_BITS,
     check_min_rsa_bits,
     check_node_key,
     key_problem,
 )
-from cloud_gateway.signer import SignerServer
-from cloud_gateway.signing import SigningRefused
+from cloud_gateway.trust.signer_socket import SignerServer
+from cloud_gateway.trust.signing import SigningRefused
 
 
 def keygen(tmp_path: Path, kind: str, bits: int | None = None) -> str:

@@ -30,7 +30,7 @@ import yaml
 
 from cloud_gateway import config as gateway_config
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.revocation import RevocationList
+from cloud_gateway.trust.revocation import RevocationList
 from edge_agent import config as agent_config
 from gpurelay.settings import split_host_port
 

@@ -10,10 +10,10 @@ import asyncio
 import cramjam
 import httpx
 
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.liveness import LivenessPolicy
-from cloud_gateway.registry import Registry, RegistryConfig
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.liveness import LivenessPolicy
+from cloud_gateway.registry.store import Registry, RegistryConfig
+from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
 from gpurelay.wire import Ack, Batch, Declare, Frame, Heartbeat, Hello, SeriesDecl
 
 T0 = 1_790_000_000.0

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from cloud_gateway.login_limit import LoginLimiter
+from cloud_gateway.trust.login_limit import LoginLimiter
 
 
 class Clock:

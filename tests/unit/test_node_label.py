@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway import config as gateway_config
-from cloud_gateway.bie_view import bie_document
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.node_labels import stamp_node
-from cloud_gateway.registry import Registry, RegistryConfig
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.http.bie import bie_document
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.node_labels import stamp_node
+from cloud_gateway.registry.store import Registry, RegistryConfig
 from edge_agent import config as agent_config
 from edge_agent.errors import ConfigError
 from gpurelay.model import Family, Sample, Snapshot

@@ -18,8 +18,8 @@ import pynvml
 import pytest
 
 from edge_agent.config import load
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.pipeline import Pipeline
+from edge_agent.sim.nvml import SimulatedNvml
 from gpurelay.bie import collect_document
 from gpurelay.model import MIB, Snapshot
 from harness.pipeline import FakeClock, make_pipeline

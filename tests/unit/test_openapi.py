@@ -11,11 +11,11 @@ import jsonschema
 import pytest
 import schemathesis
 
-from cloud_gateway import api_models
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.http_api import HttpState, make_app
-from cloud_gateway.openapi import PROXY_METHODS, SchemaBuilder, document
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.http import models as api_models
+from cloud_gateway.http.api import HttpState, make_app
+from cloud_gateway.http.openapi import PROXY_METHODS, SchemaBuilder, document
+from cloud_gateway.registry.store import Registry
 
 
 def _routes() -> set[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """Pod identity from the kubelet's pod-resources API, against a real gRPC server.
 
-The server (:class:`edge_agent.podresources.server.PodResourcesServer`) speaks the
+The server (:class:`edge_agent.sim.pod_resources_server.PodResourcesServer`) speaks the
 generated proto on a Unix socket, like the kubelet; the GPUs are the NVML simulator's, so
 UUIDs, indices and MIG instances are the ones the device collector labels series with.
 """
@@ -20,11 +20,11 @@ from edge_agent.attribute.device_ids import DeviceIndex
 from edge_agent.attribute.pod_resources import PodDevices
 from edge_agent.errors import PodResourcesError
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.podresources import api_pb2, api_pb2_grpc
 from edge_agent.podresources.client import PodResourcesClient, target
 from edge_agent.podresources.model import ContainerDevices
-from edge_agent.podresources.server import PodResourcesServer
+from edge_agent.sim.nvml import SimulatedNvml
+from edge_agent.sim.pod_resources_server import PodResourcesServer
 from harness.pipeline import FakeClock
 
 

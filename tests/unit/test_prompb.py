@@ -1,5 +1,5 @@
-"""The hand-written remote write encoding (cloud_gateway.prompb): byte-exact, byte-identical
-to what the ``protobuf`` package serialises, snappy block, splitting.
+"""The hand-written remote write encoding (cloud_gateway.remote_write.prompb): byte-exact,
+byte-identical to what the ``protobuf`` package serialises, snappy block, splitting.
 
 The reference messages are built the way generated ``remote_pb2`` code builds them at
 import: a ``FileDescriptorProto`` (field numbers and types as prometheus/prompb
@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_gateway.prompb import (
+from cloud_gateway.remote_write.prompb import (
     Series,
     encode_requests,
     encode_write_request,

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from cloud_gateway.proxy_listener import ProxiedListener
+from cloud_gateway.ssh.balancer_listener import ProxiedListener
 
 
 async def test_a_flood_of_refused_connections_logs_one_line_per_reason(

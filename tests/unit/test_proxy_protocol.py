@@ -1,4 +1,4 @@
-"""The PROXY protocol parser (cloud_gateway.proxy_protocol): haproxy's v1 and v2 headers,
+"""The PROXY protocol parser (cloud_gateway.ssh.balancer_header): haproxy's v1 and v2 headers,
 byte by byte, and everything a hostile or broken sender can put there."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from cloud_gateway.config import SshConfig, load
 from cloud_gateway.errors import GatewayConfigError
-from cloud_gateway.proxy_listener import ProxiedListener, parse_networks, proxied_listener
-from cloud_gateway.proxy_protocol import (
+from cloud_gateway.ssh.balancer_header import (
     REFUSALS,
     V1_MAX,
     V2_MAX,
@@ -26,6 +25,7 @@ from cloud_gateway.proxy_protocol import (
     ProxyHeaderError,
     parse,
 )
+from cloud_gateway.ssh.balancer_listener import ProxiedListener, parse_networks, proxied_listener
 
 SSH = b"SSH-2.0-AsyncSSH_2.24\r\n"
 

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import cramjam
 import httpx
 
-from cloud_gateway.acks import MAX_PENDING_ACKS
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.registry import Registry
-from cloud_gateway.remote_write import RemoteWriteConfig, RemoteWriter
-from cloud_gateway.ssh_server import _TelemetryChannel
+from cloud_gateway.ingest.acks import MAX_PENDING_ACKS
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry
+from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.ssh.server import _TelemetryChannel
 from gpurelay.wire import (
     Ack,
     AckRanges,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_gateway.liveness import LivenessPolicy
-from cloud_gateway.registry import (
+from cloud_gateway.registry.liveness import LivenessPolicy
+from cloud_gateway.registry.store import (
     Connected,
     Registry,
     RegistryConfig,

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from cloud_gateway.exposition import TEXT_LINES
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import TEXT_LINES
+from cloud_gateway.registry.store import Registry
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 
 VALUES = (0.0, -1.5, 1e20, 2.5e-7, float("inf"), float("-inf"), float("nan"))

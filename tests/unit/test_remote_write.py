@@ -16,15 +16,15 @@ import httpx
 import pytest
 
 from cloud_gateway import __version__
-from cloud_gateway.forwarding import Forwarder, ForwardStats, QueuedCollection
-from cloud_gateway.prompb import Series
-from cloud_gateway.remote_write import (
+from cloud_gateway.remote_write.client import (
     RemoteWriteConfig,
     RemoteWriter,
     RemoteWriteRejected,
     RemoteWriteUnavailable,
     classify,
 )
+from cloud_gateway.remote_write.forwarder import Forwarder, ForwardStats, QueuedCollection
+from cloud_gateway.remote_write.prompb import Series
 from tests.unit.test_prompb import decode_write_request
 
 URL = "http://receiver.test/api/v1/write"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.remote_write import RemoteWriteUnavailable
+from cloud_gateway.remote_write.client import RemoteWriteUnavailable
 from tests.unit.loop_lag import loop_lag
 from tests.unit.test_remote_write import SERIES, Recorder
 

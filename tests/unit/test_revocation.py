@@ -12,7 +12,7 @@ import asyncssh
 import pytest
 
 from cloud_gateway.errors import RevocationFileError
-from cloud_gateway.revocation import RevocationList, RevocationWatcher, Rule, parse_rule
+from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher, Rule, parse_rule
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 FP = "SHA256:yY/RJUJYvE9MjTghOd7AGweBmuwTNCAOHUn2BY1Yhec"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.revocation import RevocationWatcher
+from cloud_gateway.trust.revocation import RevocationWatcher
 from tests.unit.loop_lag import loop_lag
 
 BLOCKED = 2.0  # seconds a stat of the file takes; the loop's lag must stay far below

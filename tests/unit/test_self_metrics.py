@@ -10,9 +10,9 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.ingest import Ingest
-from cloud_gateway.registry import Registry
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.ingest.session import Ingest
+from cloud_gateway.registry.store import Registry
 from cloud_gateway.self_metrics import SelfMetrics
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 from tests.promtool_support import unexpected_findings

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cloud_gateway.seqranges import SeqRanges
+from cloud_gateway.ingest.seqranges import SeqRanges
 
 
 def test_adding_merges_neighbours() -> None:

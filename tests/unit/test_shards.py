@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cloud_gateway.shards import ShardError, parse_shard, shard_of
+from cloud_gateway.exposition.shards import ShardError, parse_shard, shard_of
 
 PINNED = [9, 13, 11, 3]
 
@@ -19,7 +19,10 @@ PINNED = [9, 13, 11, 3]
 def test_a_node_is_in_the_same_shard_in_every_process() -> None:
     names = [f"edge-{k}" for k in range(50)]
     here = [shard_of(n, 7) for n in names]
-    code = f"from cloud_gateway.shards import shard_of;print([shard_of(n, 7) for n in {names!r}])"
+    code = (
+        "from cloud_gateway.exposition.shards import shard_of;"
+        f"print([shard_of(n, 7) for n in {names!r}])"
+    )
     # another interpreter with another hash seed: Python's hash() would differ
     out = subprocess.run(
         [sys.executable, "-c", code],

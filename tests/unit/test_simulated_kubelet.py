@@ -96,10 +96,10 @@ def test_the_cli_flag_turns_it_on() -> None:
 _AGENT_BUILDS_AND_COLLECTS = """
 import dataclasses, sys
 from pathlib import Path
-from edge_agent import simhost, simkubelet
+from edge_agent.sim import host as simhost, kubelet as simkubelet
 from edge_agent.pipeline import Backend, build_pipeline
 from edge_agent.config import load
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 
 base = load(None, {})
 pids = simhost.default_pids(4)

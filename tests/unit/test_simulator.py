@@ -13,7 +13,7 @@ import pynvml
 import pytest
 
 from edge_agent.nvml.backend import NvmlLib
-from edge_agent.nvml.simulator import SimulatedNvml
+from edge_agent.sim.nvml import SimulatedNvml
 from harness.pipeline import FakeClock
 
 T0 = 1_700_000_000.0

@@ -1,6 +1,6 @@
 """The simulator's machine profiles and injected failures answer as real NVML and pynvml do.
 
-What each check stands for is cited in edge_agent/nvml/profiles.py (nvml.h, pynvml.py,
+What each check stands for is cited in edge_agent/sim/profiles.py (nvml.h, pynvml.py,
 DCGM); docs/simulator.md says how to add a machine.
 """
 
@@ -19,9 +19,9 @@ from edge_agent import cli
 from edge_agent.config import SimulateConfig, load
 from edge_agent.errors import ConfigError
 from edge_agent.nvml.devices import enumerate_gpus
-from edge_agent.nvml.profiles import PROFILES
-from edge_agent.nvml.simulator import SimulatedNvml
 from edge_agent.pipeline import open_backend
+from edge_agent.sim.nvml import SimulatedNvml
+from edge_agent.sim.profiles import PROFILES
 from harness.pipeline import FakeClock
 
 

@@ -200,7 +200,7 @@ def test_signer_contract(gateway: Unit) -> None:
     hardened like the others and off the network."""
     import argparse
 
-    from cloud_gateway.signer import add_signer_parser
+    from cloud_gateway.trust.signer_socket import add_signer_parser
 
     signer = parse_unit(SIGNER)
     s = "Service"
@@ -244,7 +244,7 @@ def test_gateway_inventory_is_in_the_writable_state_directory(gateway: Unit) -> 
     """A single gateway keeps its node inventory at $STATE_DIRECTORY/nodes.db: systemd
     sets that variable from StateDirectory= and makes the directory the service user's,
     the one writable place under ProtectSystem=strict."""
-    from cloud_gateway.cluster_config import ClusterSection
+    from cloud_gateway.cluster.config import ClusterSection
 
     s = "Service"
     state = Path("/var/lib") / one(gateway, s, "StateDirectory")

@@ -15,14 +15,14 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
-from cloud_gateway.directory import NodeEntry, NodeFacts
-from cloud_gateway.endpoints import EndpointTable
-from cloud_gateway.exposition import Exposition
-from cloud_gateway.http_api import HttpState, make_app
-from cloud_gateway.registry import FB_FAMILIES, Registry, RegistryConfig
-from cloud_gateway.ui_history import UI_FAMILIES, RecentValues
-from cloud_gateway.ui_html import CSP, SCRIPT, STYLE
-from cloud_gateway.ui_node import sparkline
+from cloud_gateway.cluster.directory import NodeEntry, NodeFacts
+from cloud_gateway.exposition.body import Exposition
+from cloud_gateway.http.api import HttpState, make_app
+from cloud_gateway.http.ui.history import UI_FAMILIES, RecentValues
+from cloud_gateway.http.ui.html import CSP, SCRIPT, STYLE
+from cloud_gateway.http.ui.node import sparkline
+from cloud_gateway.registry.store import FB_FAMILIES, Registry, RegistryConfig
+from cloud_gateway.relay.endpoints import EndpointTable
 from gpurelay.model import GpuInventory, Labels
 from gpurelay.web_config import BasicAuth
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl

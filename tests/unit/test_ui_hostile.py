@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import re
 
-from cloud_gateway.ui_history import CAPACITY, MAX_GPU_INDEX, gpu_index, gpu_order
-from cloud_gateway.ui_node import MAX_PROCESSES
+from cloud_gateway.http.ui.history import CAPACITY, MAX_GPU_INDEX, gpu_index, gpu_order
+from cloud_gateway.http.ui.node import MAX_PROCESSES
 from gpurelay.model import Labels
 from gpurelay.wire import Batch, Declare, Hello
 from tests.unit.test_ui import Fleet, decl, get, gpu, parse, process_labels

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from cloud_gateway.registry import FB_FAMILIES, Registry, RegistryConfig
-from cloud_gateway.ui_history import UI_FAMILIES, per_gpu
-from cloud_gateway.ui_node import MAX_INSTANCES
+from cloud_gateway.http.ui.history import UI_FAMILIES, per_gpu
+from cloud_gateway.http.ui.node import MAX_INSTANCES
+from cloud_gateway.registry.store import FB_FAMILIES, Registry, RegistryConfig
 from gpurelay.model import Labels
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 from tests.unit.test_ui import Fleet, decl, get, gpu
