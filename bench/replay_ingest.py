@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.store import Registry
-from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from cloud_gateway.remote_write.forwarder import QueuedCollection, as_series
 from cloud_gateway.remote_write.prompb import encode_requests
 from gpurelay.record import Record, RecordDecoder, RecordEncoder

@@ -28,7 +28,7 @@ from aiohttp import web
 from cloud_gateway.cluster.config import peer_tls
 from cloud_gateway.cluster.directory import DirectoryError
 from cloud_gateway.cluster.link import DirectoryLink
-from cloud_gateway.config import GatewayConfig, check_remote_write
+from cloud_gateway.config import GatewayConfig
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.fd_budget import http_cap
@@ -38,13 +38,15 @@ from cloud_gateway.http.state import HttpState
 from cloud_gateway.http.ui.history import UI_FAMILIES
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.listener import ConnectionGuard, GuardedSite
-from cloud_gateway.registry.store import FB_FAMILIES, NodeState, Registry, RegistryConfig
-from cloud_gateway.relay.endpoints import EndpointTable, parse_sibling_rules
+from cloud_gateway.registry.store import FB_FAMILIES, NodeState, Registry, StoreConfig
+from cloud_gateway.relay.endpoints import EndpointTable
 from cloud_gateway.relay.peers import PeerClient, start_peer_listener
 from cloud_gateway.relay.relay import Proxy
 from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import check_remote_write
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh.balancer_listener import proxied_listener
+from cloud_gateway.ssh.config import parse_sibling_rules
 from cloud_gateway.ssh.conflicts import ConflictPolicy, Policy
 from cloud_gateway.ssh.enrollment import build_enrollment
 from cloud_gateway.ssh.logins import CertificatePolicy, node_log
@@ -92,7 +94,7 @@ class Gateway:
         self.clock = clock
         self.stop = asyncio.Event()
         self.registry = Registry(
-            RegistryConfig(
+            StoreConfig(
                 liveness=cfg.registry.liveness(),
                 offline_grace=cfg.registry.offline_grace_seconds,
                 max_series_per_node=cfg.ssh.max_series_per_node,

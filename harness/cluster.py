@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from harness.fleet import TOKEN, Pki, make_pki
 from harness.haproxy import Haproxy
 from harness.ports import free_ports
@@ -178,7 +178,7 @@ class Cluster:
         for k in range(spec.gateways + spec.joining):
             gid = f"gw-{string.ascii_lowercase[k]}"
             (peer,) = free_ports(1)
-            cluster = ClusterSection(
+            cluster = ClusterConfig(
                 database=dsn,
                 gateway_id=gid,
                 peer_listen=f"127.0.0.1:{peer}",

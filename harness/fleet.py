@@ -17,8 +17,11 @@ import httpx
 from aiohttp import web
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.cluster.config import ClusterSection
-from cloud_gateway.config import GatewayConfig, HttpConfig, RegistrySection, SshConfig
+from cloud_gateway.cluster.config import ClusterConfig
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.http.config import HttpConfig
+from cloud_gateway.registry.config import RegistryConfig
+from cloud_gateway.ssh.config import SshConfig
 from cloud_gateway.trust import certs
 from edge_agent.app import Agent
 from edge_agent.config import AgentConfig, SimulateConfig, SpoolConfig, TunnelConfig
@@ -72,7 +75,7 @@ def gateway_config(
             siblings=siblings,
         ),
         http=HttpConfig(listen=f"127.0.0.1:{http_port}", tokens=(TOKEN,)),
-        registry=RegistrySection(**registry),
+        registry=RegistryConfig(**registry),
     )
 
 
@@ -82,7 +85,7 @@ def cluster_member(pki: Pki, dsn: str, gateway_id: str, token_file: Path) -> Gat
     (0.5 s, expiring after 3 s)."""
     return dataclasses.replace(
         gateway_config(pki),
-        cluster=ClusterSection(
+        cluster=ClusterConfig(
             database=dsn,
             gateway_id=gateway_id,
             peer_listen="127.0.0.1:0",

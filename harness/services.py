@@ -13,9 +13,10 @@ from typing import Any
 
 import httpx
 
-from cloud_gateway.cluster.config import ClusterSection
-from cloud_gateway.config import GatewayConfig, RegistrySection
+from cloud_gateway.cluster.config import ClusterConfig
+from cloud_gateway.config import GatewayConfig
 from cloud_gateway.config import load as load_gateway_config
+from cloud_gateway.registry.config import RegistryConfig
 from harness.fleet import Pki, gateway_config
 from harness.ports import free_ports
 from harness.process import HarnessError, Process, clean_env
@@ -71,7 +72,7 @@ class GatewayProc(Process):
         log_format: str = "text",
         ssh_host: str = "127.0.0.1",
         registry: Mapping[str, Any] | None = None,
-        cluster: ClusterSection | None = None,
+        cluster: ClusterConfig | None = None,
         enroll: Mapping[str, Any] | None = None,
     ) -> None:
         self.ssh_port, self.http_port = free_ports(2)
@@ -81,7 +82,7 @@ class GatewayProc(Process):
             pki, ssh_port=self.ssh_port, http_port=self.http_port, ssh_host=ssh_host
         )
         if registry:
-            cfg = dataclasses.replace(cfg, registry=RegistrySection(**registry))
+            cfg = dataclasses.replace(cfg, registry=RegistryConfig(**registry))
         if cluster is not None:
             cfg = dataclasses.replace(cfg, cluster=cluster)
         if enroll:

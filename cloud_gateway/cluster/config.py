@@ -23,7 +23,7 @@ GATEWAY_ID_BYTES = 128
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterSection:
+class ClusterConfig:
     database: str = ""  # postgresql://user@host:5432/db; "": one gateway, no database
     directory: str = ""  # the single gateway's SQLite file ("": see the module docstring)
     gateway_id: str = ""  # "": this machine's hostname
@@ -70,7 +70,7 @@ class ClusterSection:
         return token
 
 
-def peer_tls(section: ClusterSection) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+def peer_tls(section: ClusterConfig) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
     """The peer hop's TLS: (the listener's context, the client's), or None without it."""
     keys = ("peer_tls_cert_file", "peer_tls_key_file", "peer_tls_ca_file")
     given = [k for k in keys if getattr(section, k)]
@@ -93,7 +93,7 @@ def peer_tls(section: ClusterSection) -> tuple[ssl.SSLContext, ssl.SSLContext] |
     return server, client
 
 
-def check_cluster(section: ClusterSection) -> None:
+def check_cluster(section: ClusterConfig) -> None:
     """Errors name the key; called at load, so a bad section stops the gateway at start."""
     gid = section.resolved_gateway_id()
     if not gid or len(gid.encode()) > GATEWAY_ID_BYTES or not gid.isprintable() or " " in gid:

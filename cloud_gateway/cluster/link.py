@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.cluster.admission import AdmissionRefused
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from cloud_gateway.cluster.directory import Directory, DirectoryError, NodeEntry, NodeFacts
 from cloud_gateway.cluster.membership import ClaimRefused, Cluster
 from cloud_gateway.registry.store import Registry
@@ -48,7 +48,7 @@ SEEN_SECONDS = 10.0  # the single gateway's last-seen writes
 class DirectoryLink:
     def __init__(
         self,
-        cfg: ClusterSection,
+        cfg: ClusterConfig,
         registry: Registry,
         *,
         environ: Mapping[str, str],

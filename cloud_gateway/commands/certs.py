@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cloud_gateway.errors import GatewayError, InvalidInput
-from cloud_gateway.ssh.enrollment import WEEK
 from cloud_gateway.trust import certs
 from cloud_gateway.trust.auth_policy import format_time
+from cloud_gateway.trust.config import WEEK
 from cloud_gateway.trust.signing import make_enroll_token
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from cloud_gateway.ingest.seqranges import DEFAULT_MAX_RANGES, SeqRanges
-from cloud_gateway.remote_write.client import MAX_QUEUED_BATCHES, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES
 from cloud_gateway.remote_write.forwarder import (
     MAX_SAMPLES_PER_SEND,
     RETRY_BACKOFF,

@@ -33,7 +33,8 @@ from typing import Final
 from cloud_gateway.ingest.acks import AckGatherer
 from cloud_gateway.ingest.delivery import Delivery, DeliverySettings, NodeDelivery
 from cloud_gateway.registry.store import Registry, StaleConnection, stamp_node
-from cloud_gateway.remote_write.client import MAX_QUEUED_BATCHES, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES
 from cloud_gateway.remote_write.forwarder import (
     MAX_SAMPLES_PER_SEND,
     RETRY_BACKOFF,

@@ -21,26 +21,12 @@ after 32 s and closed after 62 s of silence; at 1 s, after 5 s and 8 s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Final
+
+from cloud_gateway.registry.config import LivenessPolicy
 
 DECAY: Final = 0.98  # per batch: the recent worst lateness halves in ~35 batches
 DEFAULT_INTERVAL: Final = 10.0  # when a HELLO's interval cannot be used
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LivenessPolicy:
-    stale_after_intervals: float = 3.0
-    offline_after_intervals: float = 6.0
-    margin_seconds: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.stale_after_intervals > 0:
-            raise ValueError("stale_after_intervals must be > 0")
-        if not self.offline_after_intervals > self.stale_after_intervals:
-            raise ValueError("offline_after_intervals must be more than stale_after_intervals")
-        if not self.margin_seconds >= 0:
-            raise ValueError("margin_seconds must be >= 0")
 
 
 def usable_interval(interval: float) -> float:

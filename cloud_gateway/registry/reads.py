@@ -10,13 +10,13 @@ from cloud_gateway.registry.types import (
     Liveness,
     NodeState,
     NodeView,
-    RegistryConfig,
+    StoreConfig,
 )
 from gpurelay.model import Family, Labels
 
 
 class RegistryReads:
-    config: RegistryConfig
+    config: StoreConfig
     lines: LineFormat
     blocks_rendered: int
     _nodes: dict[str, NodeRecord]

@@ -44,10 +44,10 @@ from cloud_gateway.registry.types import (
     NodeError,
     NodeState,
     NodeView,
-    RegistryConfig,
     RegistryError,
     Rejected,
     StaleConnection,
+    StoreConfig,
 )
 from gpurelay.families import known
 from gpurelay.model import Labels
@@ -65,10 +65,10 @@ __all__ = [
     "NodeState",
     "NodeView",
     "Registry",
-    "RegistryConfig",
     "RegistryError",
     "Rejected",
     "StaleConnection",
+    "StoreConfig",
     "stamp_node",
 ]
 
@@ -77,13 +77,13 @@ class Registry(RegistryReads):
     """The registry's changes; what it is asked is :class:`RegistryReads`'."""
 
     def __init__(
-        self, config: RegistryConfig | None = None, *, lines: LineFormat | None = None
+        self, config: StoreConfig | None = None, *, lines: LineFormat | None = None
     ) -> None:
         if lines is None:  # the Prometheus text format, from the stage that owns it
             from cloud_gateway.registry.lines import TEXT_LINES
 
             lines = TEXT_LINES
-        self.config = config or RegistryConfig()
+        self.config = config or StoreConfig()
         self.lines = lines
         self.generation = 0  # bumped by every change that alters the exposition
         self.blocks_rendered = 0

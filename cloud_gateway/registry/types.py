@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple, Protocol, get_args
 
-from cloud_gateway.registry.liveness import LivenessPolicy
+from cloud_gateway.registry.config import LivenessPolicy
 from gpurelay.model import GpuInventory, Labels
 
 NodeState = Literal["online", "stale", "offline"]
@@ -39,7 +39,7 @@ class LineFormat(Protocol):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RegistryConfig:
+class StoreConfig:
     liveness: LivenessPolicy = field(default_factory=LivenessPolicy)  # stale, and gone
     offline_grace: float = 300.0  # seconds offline before a node's series are dropped
     max_series_per_node: int = 50_000

@@ -23,14 +23,14 @@ ever connected, and kept it):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
 import asyncssh
 
-from cloud_gateway.trust.auth_policy import node_name_problem
+from cloud_gateway.names import node_name_problem
 
 log = logging.getLogger("cloud_gateway.endpoints")
 
@@ -45,18 +45,6 @@ class Endpoint:
     @property
     def target(self) -> str:
         return f"{self.name}:{self.port}"
-
-
-def parse_sibling_rules(rules: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """``["edge-gw-1=cam-*,plc-2", ...]`` as ``{node: patterns}``; ValueError naming a bad rule."""
-    out: dict[str, tuple[str, ...]] = {}
-    for rule in rules:
-        node, sep, patterns = rule.partition("=")
-        names = tuple(p.strip() for p in patterns.split(",") if p.strip())
-        if not sep or node_name_problem(node.strip()) is not None or not names:
-            raise ValueError(f"sibling rule {rule!r} is not NODE=PATTERN[,PATTERN...]")
-        out[node.strip()] = out.get(node.strip(), ()) + names
-    return out
 
 
 class EndpointTable:

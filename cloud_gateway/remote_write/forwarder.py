@@ -39,12 +39,11 @@ from dataclasses import dataclass
 from itertools import islice
 
 from cloud_gateway.remote_write.client import (
-    MAX_QUEUED_BATCHES,
-    RemoteWriteConfig,
     RemoteWriter,
     RemoteWriteRejected,
     RemoteWriteUnavailable,
 )
+from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES, RemoteWriteConfig
 from cloud_gateway.remote_write.prompb import Series
 from gpurelay.model import Labels
 

@@ -27,22 +27,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cloud_gateway.ssh.balancer_header import ProxyHeaderError, Reason, parse
+from cloud_gateway.ssh.config import parse_networks
 from gpurelay.logs import Throttled
 
 log = logging.getLogger("cloud_gateway.ssh_server.proxy")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def parse_networks(entries: Sequence[str]) -> tuple[Network, ...]:
-    """``ssh.proxy_protocol_from``: CIDRs or single addresses (ValueError naming the bad one)."""
-    networks = []
-    for entry in entries:
-        try:
-            networks.append(ipaddress.ip_network(entry.strip(), strict=True))
-        except ValueError as exc:
-            raise ValueError(f"{entry!r} is not an address or network: {exc}") from None
-    return tuple(networks)
 
 
 def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

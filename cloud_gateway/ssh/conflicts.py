@@ -22,10 +22,11 @@ after ``fight_window_seconds`` without one. Pure: the caller passes the time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
+
+from cloud_gateway.ssh.config import POLICIES
 
 Policy = Literal["newest", "oldest", "refuse_both"]
-POLICIES: Final = ("newest", "oldest", "refuse_both")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,12 +29,13 @@ import asyncssh
 from cloud_gateway.cluster.directory import DirectoryError
 from cloud_gateway.cluster.nonces import MemoryNonces
 from cloud_gateway.errors import GatewayConfigError, GatewayError
-from cloud_gateway.trust.auth_policy import format_time, node_name_problem, refusal
-from cloud_gateway.trust.key_policy import DEFAULT_MIN_RSA_BITS, check_min_rsa_bits, check_node_key
+from cloud_gateway.names import node_name_problem
+from cloud_gateway.trust.auth_policy import format_time, refusal
+from cloud_gateway.trust.config import EnrollConfig
+from cloud_gateway.trust.key_policy import check_node_key
 from cloud_gateway.trust.login_limit import LoginLimiter
 from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.trust.signing import (
-    MIN_LIFETIME_SECONDS,
     LocalSigner,
     Signer,
     SigningRefused,
@@ -79,33 +80,6 @@ RENEWED_PRUNE_AT = 1024  # nodes remembered as renewed before the old ones are d
 WEEK = 7 * 86400
 
 
-@dataclass(frozen=True, kw_only=True)
-class EnrollSection:
-    """``[enroll]``: nodes get (and renew) their certificate over SSH. Off by default: the
-    gateway then accepts no password at all."""
-
-    enabled: bool = False
-    # Exactly one when enabled: the user CA private key (the gateway signs; the key's
-    # directory holds the serial counter and issued.log), or a `cloud-gateway signer`.
-    user_ca_key: str = ""
-    signer_socket: str = ""
-    lifetime_seconds: int = WEEK  # of each certificate issued; 7 days recommended
-    token_max_ttl_seconds: int = WEEK  # tokens valid for longer than this are refused
-    min_rsa_bits: int = DEFAULT_MIN_RSA_BITS  # weaker RSA keys (and DSA) get no certificate
-
-
-def check_enroll(section: EnrollSection) -> None:
-    for name in ("lifetime_seconds", "token_max_ttl_seconds"):
-        if getattr(section, name) < MIN_LIFETIME_SECONDS:
-            raise GatewayConfigError(f"enroll.{name} must be at least {MIN_LIFETIME_SECONDS}")
-    check_min_rsa_bits(section.min_rsa_bits, "enroll.min_rsa_bits")
-    if section.enabled and bool(section.user_ca_key) == bool(section.signer_socket):
-        raise GatewayConfigError(
-            "enroll.enabled needs exactly one of enroll.user_ca_key (the gateway signs) and "
-            "enroll.signer_socket (a `cloud-gateway signer` process signs)"
-        )
-
-
 # Refused enrollment logins, by reason (gpurelay_gateway_auth_failures_total{reason}).
 REFUSALS: tuple[str, ...] = (
     "password_for_node",  # a node name offered a password: nodes log in by certificate
@@ -144,7 +118,7 @@ def node_log(node: str) -> logging.Logger:
 class Enrollment:
     def __init__(
         self,
-        section: EnrollSection,
+        section: EnrollConfig,
         *,
         trusted_cas: Sequence[asyncssh.SSHKey],
         revocations: RevocationWatcher | None,
@@ -449,7 +423,7 @@ async def serve_enrollment(
 
 
 def build_enrollment(
-    section: EnrollSection,
+    section: EnrollConfig,
     *,
     trusted_cas: Sequence[asyncssh.SSHKey],
     revocations: RevocationWatcher | None,

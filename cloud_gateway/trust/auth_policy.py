@@ -25,7 +25,6 @@ from how we issue.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +34,7 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.errors import CertError, InvalidNodeName
+from cloud_gateway.names import node_name_problem
 from gpurelay.ssh_cert import CERT_TYPE_HOST, CERT_TYPE_USER, FOREVER, certificate_info
 
 if TYPE_CHECKING:  # revocation.py imports the node-name rule from here
@@ -53,28 +53,8 @@ REASONS: tuple[str, ...] = (
 )
 """Every reason code :func:`check_user_certificate` can return, in the order it checks."""
 
-MAX_NODE_NAME = 63
-
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_NODE_CHAR = re.compile(r"[-a-z0-9]")
-
 
 # -- node names ----------------------------------------------------------------------------
-
-
-def node_name_problem(name: str) -> str | None:
-    """Why ``name`` is not a DNS-1123 label (Kubernetes node-name rules), or None if it is."""
-    if _NODE_NAME.fullmatch(name) and len(name) <= MAX_NODE_NAME:
-        return None
-    if not name:
-        return "it is empty"
-    if len(name) > MAX_NODE_NAME:
-        return f"it has {len(name)} characters, at most {MAX_NODE_NAME} are allowed"
-    bad = sorted({c for c in name if not _NODE_CHAR.fullmatch(c)})
-    if bad:
-        found = ", ".join(repr(c) for c in bad)
-        return f"only lowercase letters a-z, digits 0-9 and '-' are allowed (found {found})"
-    return "it must start and end with a lowercase letter or a digit"
 
 
 def is_node_name(name: str) -> bool:

@@ -37,12 +37,8 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.errors import CaExistsError, CaNotFoundError, CertError, InvalidInput
-from cloud_gateway.trust.auth_policy import (
-    format_time,
-    is_node_name,
-    node_name_problem,
-    validate_node_name,
-)
+from cloud_gateway.names import node_name_problem
+from cloud_gateway.trust.auth_policy import format_time, is_node_name, validate_node_name
 from cloud_gateway.trust.revocation import RevocationList, Rule, normalize_fingerprint
 from gpurelay.files import write_atomic
 from gpurelay.ssh_cert import certificate_info

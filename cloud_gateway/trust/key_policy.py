@@ -12,22 +12,11 @@ from __future__ import annotations
 import asyncssh
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.trust.signing import SigningRefused, parse_public_key
 
-DEFAULT_MIN_RSA_BITS = 3072
-LOWEST_MIN_RSA_BITS = 2048  # a floor below this is a configuration error
 REASON_WEAK_KEY = "weak key"
 
 _ALWAYS = (b"ssh-ed25519", b"sk-ssh-ed25519@openssh.com", b"sk-ecdsa-sha2-nistp256@openssh.com")
-
-
-def check_min_rsa_bits(bits: object, name: str) -> None:
-    """GatewayConfigError unless ``bits`` is a usable floor; ``name`` says where it was set."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits < LOWEST_MIN_RSA_BITS:
-        raise GatewayConfigError(
-            f"{name} must be an integer of at least {LOWEST_MIN_RSA_BITS} (default 3072)"
-        )
 
 
 def key_problem(key: asyncssh.SSHKey, *, min_rsa_bits: int) -> str | None:

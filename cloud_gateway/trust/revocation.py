@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Literal
 
 from cloud_gateway.errors import RevocationFileError
-from cloud_gateway.trust.auth_policy import node_name_problem
+from cloud_gateway.names import node_name_problem
 from gpurelay.files import in_daemon_thread
 
 log = logging.getLogger("cloud_gateway.revocation")

@@ -37,7 +37,8 @@ import asyncssh
 
 from cloud_gateway.errors import GatewayError
 from cloud_gateway.trust import certs
-from cloud_gateway.trust.key_policy import DEFAULT_MIN_RSA_BITS, check_min_rsa_bits, check_node_key
+from cloud_gateway.trust.config import DEFAULT_MIN_RSA_BITS, check_min_rsa_bits
+from cloud_gateway.trust.key_policy import check_node_key
 from cloud_gateway.trust.revocation import RevocationWatcher
 from cloud_gateway.trust.signing import Issued, SigningRefused, parse_public_key, sign_node_key
 from gpurelay import logs

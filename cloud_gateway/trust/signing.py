@@ -25,14 +25,15 @@ from typing import Protocol
 import asyncssh
 
 from cloud_gateway.errors import GatewayError, InvalidInput
+from cloud_gateway.names import node_name_problem
 from cloud_gateway.trust import certs
-from cloud_gateway.trust.auth_policy import format_validity, node_name_problem, validate_node_name
+from cloud_gateway.trust.auth_policy import format_validity, validate_node_name
+from cloud_gateway.trust.config import MIN_LIFETIME_SECONDS
 from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher
 from gpurelay.enrollment import NONCE_BYTES, REASON_NOT_A_KEY, REASON_REVOKED, sign_token
 
 log = logging.getLogger("cloud_gateway.signing")
 
-MIN_LIFETIME_SECONDS = 60
 REASONS = ("enroll", "renew")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.ssh.enrollment import EnrollSection
+from cloud_gateway.trust.config import EnrollConfig
 from cloud_gateway.trust.signing import make_enroll_token
 from edge_agent.config import AgentConfig, TunnelConfig
 from edge_agent.enroll import enroll
@@ -193,7 +193,7 @@ async def test_enrollment_goes_through_the_proxy_too(
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     cfg = gateway_config(pki)
-    enrolling = EnrollSection(enabled=True, lifetime_seconds=3600, user_ca_key=pki.ca.user_ca)
+    enrolling = EnrollConfig(enabled=True, lifetime_seconds=3600, user_ca_key=pki.ca.user_ca)
     async with running_gateway(dataclasses.replace(cfg, enroll=enrolling)) as gw:
         proxy = proxy_factory(gw.ssh_port)
         token, _ = make_enroll_token(pki.ca.dir, "edge-enrolled", ttl_seconds=3600)

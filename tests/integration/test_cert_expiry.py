@@ -19,7 +19,7 @@ import httpx
 import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from cloud_gateway.commands.nodes import run_nodes
 from cloud_gateway.trust.certs import Credentials
 from gpurelay.ssh_cert import certificate_info
@@ -71,7 +71,7 @@ async def test_expiry_gauge_api_cli_warning_and_restart(
     forever_creds, _ = keygen_sign(pki, "edge-forever", "always:forever", 4102)
     expires = certificate_info(soon).valid_before
     cfg = dataclasses.replace(
-        gateway_config(pki), cluster=ClusterSection(directory=str(tmp_path / "nodes.db"))
+        gateway_config(pki), cluster=ClusterConfig(directory=str(tmp_path / "nodes.db"))
     )
     caplog.set_level(logging.WARNING, logger="cloud_gateway.certificates")
     async with (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_gateway.cluster.admission import AdmissionRefused
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from cloud_gateway.cluster.link import DirectoryLink
 from cloud_gateway.cluster.membership import CLAIM_WINDOW_SECONDS, CLAIMS_PER_NODE, ClaimRefused
 from cloud_gateway.registry.store import Registry
@@ -52,7 +52,7 @@ async def test_a_reconnect_loop_is_refused_beyond_the_budget(dsn: str) -> None:
 
 async def test_a_node_held_by_the_conflict_policy_costs_no_claim(dsn: str) -> None:
     held: set[str] = {"edge-stolen"}
-    cfg = ClusterSection(
+    cfg = ClusterConfig(
         database=dsn, gateway_id="gw-a", peer_listen="127.0.0.1:0", ttl_seconds=10.0
     )
     link = DirectoryLink(

@@ -13,7 +13,7 @@ import pytest
 
 from cloud_gateway.app import Gateway
 from cloud_gateway.cli import main
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from harness.fleet import (
     TOKEN,
     agent_config,
@@ -195,7 +195,7 @@ async def test_the_single_gateways_inventory_survives_a_restart(
 ) -> None:
     pki = make_pki(tmp_path)
     cfg = dataclasses.replace(
-        gateway_config(pki), cluster=ClusterSection(directory=str(tmp_path / "nodes.db"))
+        gateway_config(pki), cluster=ClusterConfig(directory=str(tmp_path / "nodes.db"))
     )
     async with running_gateway(cfg) as gw, running_agent(agent_config(pki, "edge-1", gw)):
         await wait_for(lambda: gw.ingest.stats.batches >= 1)

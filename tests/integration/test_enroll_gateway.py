@@ -23,10 +23,10 @@ import asyncssh
 import pytest
 
 from cloud_gateway.app import Gateway
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from cloud_gateway.config import GatewayConfig
-from cloud_gateway.ssh.enrollment import EnrollSection
 from cloud_gateway.trust import certs
+from cloud_gateway.trust.config import EnrollConfig
 from cloud_gateway.trust.signing import SigningRefused, make_enroll_token
 from gpurelay.enrollment import ENROLL_SUBSYSTEM, RENEW_SUBSYSTEM, sign_token
 from gpurelay.ssh_cert import certificate_info
@@ -49,7 +49,7 @@ def enrolling(pki: Pki, cfg: GatewayConfig | None = None, **section: object) -> 
     cfg = cfg or gateway_config(pki)
     options: dict[str, object] = {"user_ca_key": str(pki.ca.user_ca)}
     options.update(section)
-    enroll = EnrollSection(enabled=True, lifetime_seconds=LIFETIME, **options)  # type: ignore[arg-type]
+    enroll = EnrollConfig(enabled=True, lifetime_seconds=LIFETIME, **options)  # type: ignore[arg-type]
     return dataclasses.replace(cfg, enroll=enroll)
 
 
@@ -369,7 +369,7 @@ async def test_a_weak_key_gets_no_certificate_at_enrollment_or_renewal(
 async def test_a_used_token_stays_used_after_a_restart_on_sqlite(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     cfg = enrolling(pki)
-    cfg = dataclasses.replace(cfg, cluster=ClusterSection(directory=str(tmp_path / "nodes.db")))
+    cfg = dataclasses.replace(cfg, cluster=ClusterConfig(directory=str(tmp_path / "nodes.db")))
     token, _ = make_enroll_token(pki.ca.dir, "edge-1", ttl_seconds=3600)
     key = asyncssh.generate_private_key("ssh-ed25519")
     async with running_gateway(cfg) as gw:

@@ -16,7 +16,7 @@ import cramjam
 import pytest
 from aiohttp import web
 
-from cloud_gateway.remote_write.client import RemoteWriteConfig
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from edge_agent.config import SpoolConfig
 from harness.fleet import (
     agent_config,

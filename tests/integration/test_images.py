@@ -33,7 +33,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_gateway.config import GatewayConfig, HttpConfig, SshConfig
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.http.config import HttpConfig
+from cloud_gateway.ssh.config import SshConfig
 from gpurelay.version import installed_version
 from harness.fleet import TOKEN as FLEET_TOKEN
 from harness.fleet import make_pki

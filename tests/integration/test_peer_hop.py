@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.cluster.config import ClusterSection, peer_tls
+from cloud_gateway.cluster.config import ClusterConfig, peer_tls
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.relay.peers import PEER_PREFIX, PeerClient
 from harness.fleet import (
@@ -118,7 +118,7 @@ async def test_the_peer_hop_runs_over_tls_when_configured(tmp_path: Path) -> Non
     plain http to that listener gets nothing, and a peer without the CA gets a 502."""
     pki = make_pki(tmp_path)
     tls_files = make_tls(tmp_path / "tls")
-    section = ClusterSection(
+    section = ClusterConfig(
         peer_tls_cert_file=str(tls_files.server_cert),
         peer_tls_key_file=str(tls_files.server_key),
         peer_tls_ca_file=str(tls_files.ca),
@@ -158,13 +158,13 @@ async def test_the_peer_hop_runs_over_tls_when_configured(tmp_path: Path) -> Non
 
 def test_peer_tls_needs_all_three_files_and_says_which_are_missing(tmp_path: Path) -> None:
     with pytest.raises(GatewayConfigError, match=r"missing cluster\.peer_tls_ca_file"):
-        peer_tls(ClusterSection(peer_tls_cert_file="c", peer_tls_key_file="k"))
+        peer_tls(ClusterConfig(peer_tls_cert_file="c", peer_tls_key_file="k"))
     with pytest.raises(GatewayConfigError, match="cannot be used"):
         peer_tls(
-            ClusterSection(
+            ClusterConfig(
                 peer_tls_cert_file=str(tmp_path / "none.crt"),
                 peer_tls_key_file=str(tmp_path / "none.key"),
                 peer_tls_ca_file=str(tmp_path / "none.ca"),
             )
         )
-    assert peer_tls(ClusterSection()) is None
+    assert peer_tls(ClusterConfig()) is None

@@ -4,7 +4,7 @@ and a real Prometheus receiver.
 - The ``[spool]`` and ``[remote_write]`` sections written in README.md,
   docs/operator-guide.md, deploy/prometheus/README.md, the installer and the Kubernetes
   ConfigMaps use the real key names and defaults (``edge_agent.config.SpoolConfig``,
-  ``cloud_gateway.remote_write.client.RemoteWriteConfig``; deprecated keys are not written down)
+  ``cloud_gateway.remote_write.config.RemoteWriteConfig``; deprecated keys are not written down)
   and load with the real config loaders; no doc or deploy file sets a deprecated key.
 - deploy/prometheus/remote-write-receiver.yml, run by a real ``prometheus`` binary with
   ``--web.enable-remote-write-receiver``, stores a sample as old as the oldest one a
@@ -30,7 +30,11 @@ import yaml
 
 from cloud_gateway import config as gateway_config
 from cloud_gateway import gateway_metrics
-from cloud_gateway.remote_write.client import PROTOCOL_HEADERS, RemoteWriteConfig
+from cloud_gateway.remote_write.config import (
+    PROTOCOL_HEADERS,
+    RemoteWriteConfig,
+    check_remote_write,
+)
 from cloud_gateway.remote_write.prompb import Series, encode_write_request, snappy_compress
 from edge_agent import outbox, tunnel
 from edge_agent.config import SpoolConfig
@@ -204,7 +208,7 @@ def test_remote_write_examples_load_with_the_gateway_config(where: str, tmp_path
     written = tomllib.loads(text)["remote_write"]
     assert cfg.remote_write.url == written["url"]
     assert cfg.remote_write.deprecated() == [], "examples set no deprecated key"
-    client = gateway_config.check_remote_write(cfg.remote_write)
+    client = check_remote_write(cfg.remote_write)
     assert (client is None) == (written["url"] == "")
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from cloud_gateway.remote_write.prompb import Series
 from harness.prometheus import running_receiver
 

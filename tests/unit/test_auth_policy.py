@@ -14,13 +14,13 @@ import pytest
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.errors import CertError, InvalidNodeName
+from cloud_gateway.names import node_name_problem
 from cloud_gateway.trust import certs
 from cloud_gateway.trust.auth_policy import (
     REASONS,
     check_user_certificate,
     describe,
     load_trusted_cas,
-    node_name_problem,
     validate_node_name,
 )
 from cloud_gateway.trust.revocation import RevocationList

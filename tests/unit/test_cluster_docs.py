@@ -1,6 +1,6 @@
 """docs/operator-guide.md, "Running several gateways": the [cluster] table is the code's.
 
-Every key of :class:`cloud_gateway.cluster.config.ClusterSection` is in the table with its
+Every key of :class:`cloud_gateway.cluster.config.ClusterConfig` is in the table with its
 real default, and nothing else is; the example loads with the real config loader; the
 peer listener port the guide and the examples use clashes with no documented listener.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway import config as gateway_config
-from cloud_gateway.cluster.config import ClusterSection
+from cloud_gateway.cluster.config import ClusterConfig
 from gpurelay.settings import split_host_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +39,9 @@ def table() -> dict[str, str]:
 
 def test_every_cluster_key_is_documented_with_its_default() -> None:
     documented = table()
-    fields = {f.name: f for f in dataclasses.fields(ClusterSection)}
+    fields = {f.name: f for f in dataclasses.fields(ClusterConfig)}
     assert set(documented) == set(fields)
-    defaults = ClusterSection()
+    defaults = ClusterConfig()
     for key, shown in documented.items():
         if key in DERIVED:
             assert shown == DERIVED[key], key

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from cloud_gateway.relay.endpoints import EndpointTable, PublishedListener, parse_sibling_rules
+from cloud_gateway.relay.endpoints import EndpointTable, PublishedListener
+from cloud_gateway.ssh.config import parse_sibling_rules
 
 
 def test_own_name_sibling_names_and_conflicts() -> None:

@@ -1,5 +1,5 @@
 """docs/operator-guide.md, "Enrolling nodes and renewing certificates": the [enroll] table
-is the code's (every key of EnrollSection with its real default, nothing else), and the
+is the code's (every key of EnrollConfig with its real default, nothing else), and the
 example loads with the real config loader."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from cloud_gateway import config as gateway_config
-from cloud_gateway.ssh.enrollment import EnrollSection
+from cloud_gateway.trust.config import EnrollConfig
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md"
 SECTION = "## Enrolling nodes and renewing certificates\n"
@@ -26,8 +26,8 @@ def section() -> str:
 
 def test_every_enroll_key_is_documented_with_its_default() -> None:
     documented = dict(ROW.findall(section()))
-    assert set(documented) == {f.name for f in dataclasses.fields(EnrollSection)}
-    defaults = EnrollSection()
+    assert set(documented) == {f.name for f in dataclasses.fields(EnrollConfig)}
+    defaults = EnrollConfig()
     for key, shown in documented.items():
         value = getattr(defaults, key)
         if isinstance(value, bool):
@@ -43,4 +43,4 @@ def test_the_example_loads(tmp_path: Path) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text(block)
     enroll = gateway_config.load(config, {}).enroll
-    assert enroll.enabled and enroll == EnrollSection(**tomllib.loads(block)["enroll"])
+    assert enroll.enabled and enroll == EnrollConfig(**tomllib.loads(block)["enroll"])

@@ -23,8 +23,9 @@ from cloud_gateway.config import load
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.gateway_metrics import AUTH_REASONS
 from cloud_gateway.ssh import enrollment
-from cloud_gateway.ssh.enrollment import Enrollment, EnrollSection, Refusal, check_enroll
+from cloud_gateway.ssh.enrollment import Enrollment, Refusal
 from cloud_gateway.trust import certs
+from cloud_gateway.trust.config import EnrollConfig, check_enroll
 from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher
 from cloud_gateway.trust.signer_socket import SignerServer, SocketSigner
 from cloud_gateway.trust.signing import (
@@ -51,14 +52,14 @@ def new_key() -> asyncssh.SSHKey:
 
 
 def test_enrollment_is_off_by_default_and_needs_exactly_one_signer(tmp_path: Path) -> None:
-    assert load(None, {}).enroll == EnrollSection()
-    assert not EnrollSection().enabled
+    assert load(None, {}).enroll == EnrollConfig()
+    assert not EnrollConfig().enabled
     with pytest.raises(GatewayConfigError, match=r"exactly one of enroll\.user_ca_key"):
-        check_enroll(EnrollSection(enabled=True))
+        check_enroll(EnrollConfig(enabled=True))
     with pytest.raises(GatewayConfigError, match=r"exactly one of enroll\.user_ca_key"):
-        check_enroll(EnrollSection(enabled=True, user_ca_key="/k", signer_socket="/s"))
+        check_enroll(EnrollConfig(enabled=True, user_ca_key="/k", signer_socket="/s"))
     with pytest.raises(GatewayConfigError, match=r"enroll\.lifetime_seconds must be at least 60"):
-        check_enroll(EnrollSection(lifetime_seconds=10))
+        check_enroll(EnrollConfig(lifetime_seconds=10))
     config = tmp_path / "gateway.toml"
     config.write_text('[enroll]\nenabled = true\nsigner_socket = "/run/signer.sock"\n')
     section = load(config, {}).enroll
@@ -136,7 +137,7 @@ def test_renewal_checks_the_connections_key_against_the_revocation_list(
     creds = certs.issue_node(ca.dir, "edge-1")
     cert = asyncssh.read_certificate(creds.certificate)
     enrolling = Enrollment(
-        EnrollSection(enabled=True, user_ca_key=str(ca.user_ca)),
+        EnrollConfig(enabled=True, user_ca_key=str(ca.user_ca)),
         trusted_cas=[asyncssh.read_public_key(ca.user_ca_pub)],
         revocations=RevocationWatcher(ca.revocations),
         nonces=MemoryNonces(),
@@ -347,7 +348,7 @@ def test_the_renewal_budget_remembers_only_recent_renewals(ca: certs.CaPaths) ->
     """One renewal per node per renew_interval; the memory of who renewed stays bounded
     however many nodes renew over time."""
     enrolling = Enrollment(
-        EnrollSection(enabled=True, user_ca_key=str(ca.user_ca)),
+        EnrollConfig(enabled=True, user_ca_key=str(ca.user_ca)),
         trusted_cas=[asyncssh.read_public_key(ca.user_ca_pub)],
         revocations=None,
         nonces=MemoryNonces(),

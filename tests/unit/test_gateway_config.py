@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.config import check_remote_write, load
+from cloud_gateway.config import load
 from cloud_gateway.errors import GatewayConfigError
+from cloud_gateway.remote_write.config import check_remote_write
 
 
 def test_remote_write_is_off_by_default() -> None:

@@ -25,7 +25,7 @@ from cloud_gateway.exposition.body import (
     header,
 )
 from cloud_gateway.http.bie import bie_document
-from cloud_gateway.registry.store import Registry, RegistryConfig, stamp_node
+from cloud_gateway.registry.store import Registry, StoreConfig, stamp_node
 from gpurelay.exposition import format_labels, format_value, openmetrics_header, text_header
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
@@ -285,7 +285,7 @@ def test_openmetrics_parses_and_keeps_the_dcgm_names(
 
 
 def test_an_expired_node_keeps_up_and_last_seen(tmp_path: Path) -> None:
-    reg = Registry(RegistryConfig(offline_grace=60))
+    reg = Registry(StoreConfig(offline_grace=60))
     agent = Agent(reg, "edge-a", snapshot(tmp_path, gpus=1, seed=1))
     expo = Exposition(reg)
     reg.disconnect("edge-a", agent.conn, now=T0 + 5, reason="eof")

@@ -14,7 +14,7 @@ import zlib
 import pytest
 
 from cloud_gateway.ingest.session import Ingest
-from cloud_gateway.registry.store import Registry, RegistryConfig
+from cloud_gateway.registry.store import Registry, StoreConfig
 from gpurelay import logs
 from gpurelay import record as record_codec
 from gpurelay.families import known
@@ -92,7 +92,7 @@ def test_a_family_may_not_collide_with_another_in_openmetrics() -> None:
 
 
 def test_label_bytes_are_budgeted_per_node_and_other_nodes_never_notice() -> None:
-    reg = Registry(RegistryConfig(max_label_bytes_per_node=64 * 1024))
+    reg = Registry(StoreConfig(max_label_bytes_per_node=64 * 1024))
     evil = connected(reg, "evil")
     fat = tuple((f"l{i}", "x" * 2000) for i in range(32))  # 64 KB of labels in one series
     res = reg.declare(
@@ -108,7 +108,7 @@ def test_label_bytes_are_budgeted_per_node_and_other_nodes_never_notice() -> Non
 
 
 def test_retired_series_give_their_label_bytes_back() -> None:
-    reg = Registry(RegistryConfig(max_label_bytes_per_node=10_000))
+    reg = Registry(StoreConfig(max_label_bytes_per_node=10_000))
     conn = connected(reg, "n")
     for round_ in range(50):  # churn: declare and remove, far past the budget in total
         ids = range(round_ * 10, round_ * 10 + 10)

@@ -12,7 +12,8 @@ import pytest
 
 from cloud_gateway.ingest.session import Ingest, NodeSession
 from cloud_gateway.registry.store import Registry
-from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from cloud_gateway.remote_write.prompb import Series
 from gpurelay.model import Family, Sample, Snapshot
 from gpurelay.record import RecordEncoder

@@ -11,12 +11,8 @@ import pytest
 from cloud_gateway.config import load
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.trust import certs
-from cloud_gateway.trust.key_policy import (
-    DEFAULT_MIN_RSA_BITS,
-    check_min_rsa_bits,
-    check_node_key,
-    key_problem,
-)
+from cloud_gateway.trust.config import DEFAULT_MIN_RSA_BITS, check_min_rsa_bits
+from cloud_gateway.trust.key_policy import check_node_key, key_problem
 from cloud_gateway.trust.signer_socket import SignerServer
 from cloud_gateway.trust.signing import SigningRefused
 

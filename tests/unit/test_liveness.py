@@ -11,9 +11,10 @@ import cramjam
 import httpx
 
 from cloud_gateway.ingest.session import Ingest
-from cloud_gateway.registry.liveness import LivenessPolicy
-from cloud_gateway.registry.store import Registry, RegistryConfig
-from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.registry.config import LivenessPolicy
+from cloud_gateway.registry.store import Registry, StoreConfig
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from gpurelay.wire import Ack, Batch, Declare, Frame, Heartbeat, Hello, SeriesDecl
 
 T0 = 1_790_000_000.0
@@ -54,7 +55,7 @@ class Link:
 
 
 def gateway(clock: Clock, *, remote_write: RemoteWriter | None = None) -> Ingest:
-    registry = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    registry = Registry(StoreConfig(liveness=LivenessPolicy(margin_seconds=2)))
     return Ingest(
         registry,
         clock=lambda: T0 + clock.t,

@@ -19,7 +19,7 @@ from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.http.bie import bie_document
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.node_labels import stamp_node
-from cloud_gateway.registry.store import Registry, RegistryConfig
+from cloud_gateway.registry.store import Registry, StoreConfig
 from edge_agent import config as agent_config
 from edge_agent.errors import ConfigError
 from gpurelay.model import Family, Sample, Snapshot
@@ -72,7 +72,7 @@ def test_series_without_a_host_label() -> None:
 def test_both_default_to_hostname_with_a_capital() -> None:
     assert agent_config.load(None, {}).node_label == "Hostname"
     assert gateway_config.load(None, {}).registry.node_label == "Hostname"
-    assert RegistryConfig().node_label == "Hostname"
+    assert StoreConfig().node_label == "Hostname"
 
 
 def test_settings_from_toml_and_environment(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_the_agent_names_the_node_with_its_setting(tmp_path: Path, node_label: s
 def published(tmp_path: Path, agent: str, gateway: str) -> tuple[list[str], bytes]:
     """The unified body of a gateway set to ``gateway`` fed by an agent set to ``agent``
     whose certificate says edge-a (the agent itself believes it is edge-node-1)."""
-    reg = Registry(RegistryConfig(node_label=gateway))
+    reg = Registry(StoreConfig(node_label=gateway))
     Agent(reg, "edge-a", snapshot(tmp_path, agent, mig=True))
     body = Exposition(reg).body(openmetrics=False, gzip=False)
     lines = [line for line in body.decode().splitlines() if not line.startswith("#")]
@@ -164,7 +164,7 @@ def test_bie_is_the_same_whatever_the_label(tmp_path: Path) -> None:
     """bie_document finds FB series by UUID (without GPU_I_ID), not by the node label."""
     docs = []
     for i, (agent, gateway) in enumerate([("Hostname", "Hostname"), ("hostname", "hostname")]):
-        reg = Registry(RegistryConfig(node_label=gateway))
+        reg = Registry(StoreConfig(node_label=gateway))
         Agent(reg, "edge-a", snapshot(tmp_path / str(i), agent, mig=True))
         docs.append(bie_document(reg, T0))
     assert docs[0] == docs[1] and docs[0]["edge-a"]
@@ -173,7 +173,7 @@ def test_bie_is_the_same_whatever_the_label(tmp_path: Path) -> None:
 async def test_replayed_series_get_the_gateways_spelling() -> None:
     """Remote write of a spooled collection: the same stamping as the live path."""
     receiver = Receiver()
-    registry = Registry(RegistryConfig(node_label="hostname"))
+    registry = Registry(StoreConfig(node_label="hostname"))
     ingest = Ingest(
         registry, clock=lambda: T0, remote_write=receiver.writer(), retry_backoff=(0.01, 0.02)
     )

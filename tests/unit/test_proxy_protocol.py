@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_gateway.config import SshConfig, load
+from cloud_gateway.config import load
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.ssh.balancer_header import (
     REFUSALS,
@@ -25,7 +25,8 @@ from cloud_gateway.ssh.balancer_header import (
     ProxyHeaderError,
     parse,
 )
-from cloud_gateway.ssh.balancer_listener import ProxiedListener, parse_networks, proxied_listener
+from cloud_gateway.ssh.balancer_listener import ProxiedListener, proxied_listener
+from cloud_gateway.ssh.config import SshConfig, parse_networks
 
 SSH = b"SSH-2.0-AsyncSSH_2.24\r\n"
 

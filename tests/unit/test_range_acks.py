@@ -16,7 +16,8 @@ import httpx
 from cloud_gateway.ingest.acks import MAX_PENDING_ACKS
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.store import Registry
-from cloud_gateway.remote_write.client import RemoteWriteConfig, RemoteWriter
+from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from cloud_gateway.ssh.server import _TelemetryChannel
 from gpurelay.wire import (
     Ack,

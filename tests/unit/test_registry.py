@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_gateway.registry.liveness import LivenessPolicy
+from cloud_gateway.registry.config import LivenessPolicy
 from cloud_gateway.registry.store import (
     Connected,
     Registry,
-    RegistryConfig,
     StaleConnection,
+    StoreConfig,
     stamp_node,
 )
 from gpurelay.families import known
@@ -206,7 +206,7 @@ def test_the_naming_rules_are_the_wire_rules(name: str, labels: Labels, code: st
 
 
 def test_states_follow_the_agent_interval_plus_a_margin() -> None:
-    reg = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    reg = Registry(StoreConfig(liveness=LivenessPolicy(margin_seconds=2)))
     conn = reg.connect("n", remote="r", hello=hello("n", interval=10), now=T0)
     assert reg.states(T0 + 31.9) == {"n": "online"}  # no batch yet: counted from the connect
     assert reg.states(T0 + 32.1) == {"n": "stale"}
@@ -223,7 +223,7 @@ def test_states_follow_the_agent_interval_plus_a_margin() -> None:
 
 
 def test_refresh_publishes_what_time_changed_and_a_batch_makes_a_late_node_online() -> None:
-    reg = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    reg = Registry(StoreConfig(liveness=LivenessPolicy(margin_seconds=2)))
     conn = reg.connect("n", remote="r", hello=hello("n", interval=1), now=T0)
     reg.declare("n", conn.conn_id, device_series("n"))
     assert reg.refresh(T0 + 4.9) == [] and reg.liveness()[0].up
@@ -240,7 +240,7 @@ def test_refresh_publishes_what_time_changed_and_a_batch_makes_a_late_node_onlin
 def test_a_lossy_link_earns_a_wider_margin_and_a_regular_one_gets_it_back() -> None:
     """Issue 13, row 6: on a link losing 20 % of its packets TCP delivers some batches
     seconds late; after one such batch the node must not turn stale on the next one."""
-    reg = Registry(RegistryConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    reg = Registry(StoreConfig(liveness=LivenessPolicy(margin_seconds=2)))
     conn = reg.connect("n", remote="r", hello=hello("n", interval=1), now=T0)
     reg.declare("n", conn.conn_id, device_series("n"))
     t, seq = T0, 0
@@ -267,7 +267,7 @@ def test_liveness_policy_refuses_thresholds_that_make_no_sense() -> None:
 
 
 def test_expire_drops_series_after_the_grace_but_keeps_the_node() -> None:
-    reg = Registry(RegistryConfig(offline_grace=300))
+    reg = Registry(StoreConfig(offline_grace=300))
     conn = online(reg, "n")
     reg.disconnect("n", conn.conn_id, now=T0 + 10, reason="eof")
     assert reg.expire(T0 + 300) == [] and len(lines(reg)) == 3
@@ -318,7 +318,7 @@ def test_removing_from_the_middle_of_a_block_keeps_the_others_in_place() -> None
 
 
 def test_declare_rejects_with_clear_reasons() -> None:
-    reg = Registry(RegistryConfig(max_series_per_node=5))
+    reg = Registry(StoreConfig(max_series_per_node=5))
     online(reg, "a")
     conn = reg.connect("b", remote="r", hello=hello("b"), now=T0)
     res = reg.declare(
@@ -366,7 +366,7 @@ def test_a_catalogued_family_is_served_with_the_catalogues_help() -> None:
 
 
 def test_family_is_forgotten_when_its_last_series_goes() -> None:
-    reg = Registry(RegistryConfig(offline_grace=0))
+    reg = Registry(StoreConfig(offline_grace=0))
     conn = reg.connect("a", remote="r", hello=hello("a"), now=T0)
     reg.declare("a", conn.conn_id, Declare(series=(decl(0, "site_util", (), "gauge"),)))
     reg.disconnect("a", conn.conn_id, now=T0, reason="eof")
@@ -377,7 +377,7 @@ def test_family_is_forgotten_when_its_last_series_goes() -> None:
 
 
 def test_recent_errors_are_bounded_and_latest_tracks_fb_values() -> None:
-    reg = Registry(RegistryConfig(recent_errors=3))
+    reg = Registry(StoreConfig(recent_errors=3))
     for i in range(5):
         reg.record_error("n", f"error {i}", T0 + i)
     view = reg.node("n", now=T0)

@@ -17,12 +17,12 @@ import pytest
 
 from cloud_gateway import __version__
 from cloud_gateway.remote_write.client import (
-    RemoteWriteConfig,
     RemoteWriter,
     RemoteWriteRejected,
     RemoteWriteUnavailable,
     classify,
 )
+from cloud_gateway.remote_write.config import RemoteWriteConfig
 from cloud_gateway.remote_write.forwarder import Forwarder, ForwardStats, QueuedCollection
 from cloud_gateway.remote_write.prompb import Series
 from tests.unit.test_prompb import decode_write_request

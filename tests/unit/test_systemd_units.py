@@ -244,12 +244,12 @@ def test_gateway_inventory_is_in_the_writable_state_directory(gateway: Unit) -> 
     """A single gateway keeps its node inventory at $STATE_DIRECTORY/nodes.db: systemd
     sets that variable from StateDirectory= and makes the directory the service user's,
     the one writable place under ProtectSystem=strict."""
-    from cloud_gateway.cluster.config import ClusterSection
+    from cloud_gateway.cluster.config import ClusterConfig
 
     s = "Service"
     state = Path("/var/lib") / one(gateway, s, "StateDirectory")
     assert one(gateway, s, "ProtectSystem") == "strict"
-    section = ClusterSection()  # the default: no database, no directory of its own
+    section = ClusterConfig()  # the default: no database, no directory of its own
     assert section.sqlite_path({"STATE_DIRECTORY": str(state)}) == state / "nodes.db"
     assert section.sqlite_path({}) is None, "without the unit's variable: memory only"
     for paths in values(gateway, s, "ReadWritePaths"):

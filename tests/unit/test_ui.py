@@ -21,7 +21,7 @@ from cloud_gateway.http.api import HttpState, make_app
 from cloud_gateway.http.ui.history import UI_FAMILIES, RecentValues
 from cloud_gateway.http.ui.html import CSP, SCRIPT, STYLE
 from cloud_gateway.http.ui.node import sparkline
-from cloud_gateway.registry.store import FB_FAMILIES, Registry, RegistryConfig
+from cloud_gateway.registry.store import FB_FAMILIES, Registry, StoreConfig
 from cloud_gateway.relay.endpoints import EndpointTable
 from gpurelay.model import GpuInventory, Labels
 from gpurelay.web_config import BasicAuth
@@ -67,7 +67,7 @@ class Fleet:
     ) -> None:
         self.now = T0
         self.registry = registry or Registry(
-            RegistryConfig(tracked_families=FB_FAMILIES | UI_FAMILIES)
+            StoreConfig(tracked_families=FB_FAMILIES | UI_FAMILIES)
         )
         self.endpoints = EndpointTable()
         self.state = HttpState(

@@ -19,7 +19,7 @@ import pytest
 
 from cloud_gateway.http.ui.history import UI_FAMILIES, per_gpu
 from cloud_gateway.http.ui.node import MAX_INSTANCES
-from cloud_gateway.registry.store import FB_FAMILIES, Registry, RegistryConfig
+from cloud_gateway.registry.store import FB_FAMILIES, Registry, StoreConfig
 from gpurelay.model import Labels
 from gpurelay.wire import Batch, Declare, Hello, SeriesDecl
 from tests.unit.test_ui import Fleet, decl, get, gpu
@@ -81,7 +81,7 @@ class Ordered(Registry):
     parents first (it keeps them in a set: either happens)."""
 
     def __init__(self, *, instances_first: bool) -> None:
-        super().__init__(RegistryConfig(tracked_families=FB_FAMILIES | UI_FAMILIES))
+        super().__init__(StoreConfig(tracked_families=FB_FAMILIES | UI_FAMILIES))
         self.instances_first = instances_first
 
     def latest(self, node: str, family: str) -> list[tuple[Labels, float]]:
