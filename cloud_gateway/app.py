@@ -41,7 +41,7 @@ from cloud_gateway.listener import ConnectionGuard, GuardedSite
 from cloud_gateway.registry.store import FB_FAMILIES, NodeState, Registry, StoreConfig
 from cloud_gateway.relay.endpoints import EndpointTable
 from cloud_gateway.relay.peers import PeerClient, start_peer_listener
-from cloud_gateway.relay.relay import Proxy
+from cloud_gateway.relay.relay import Relay
 from cloud_gateway.remote_write.client import RemoteWriter
 from cloud_gateway.remote_write.config import check_remote_write
 from cloud_gateway.self_metrics import SelfMetrics
@@ -127,7 +127,7 @@ class Gateway:
             siblings=parse_sibling_rules(cfg.ssh.siblings),
             max_endpoints_per_node=cfg.ssh.max_endpoints_per_node,
         )
-        self.proxy = Proxy(
+        self.relay = Relay(
             self.registry,
             self.endpoints,
             timeout=cfg.http.proxy_timeout_seconds,
@@ -152,7 +152,7 @@ class Gateway:
             protect_metrics=cfg.http.protect_metrics,
             clock=clock,
             endpoints=self.endpoints,
-            proxy=self.proxy,
+            relay=self.relay,
             proxy_tokens=frozenset(cfg.http.proxy_tokens) or None,
             sd_tokens=frozenset(cfg.http.sd_tokens) or None,
             protect_proxy=cfg.http.protect_proxy,
@@ -275,13 +275,13 @@ class Gateway:
         notify("READY=1")
 
     async def _start_peers(self) -> None:
-        """The peer listener, and the proxy's route to the other gateways' listeners."""
+        """The peer listener, and the relay's route to the other gateways' listeners."""
         token = self.cfg.cluster.peer_token()
         tls = peer_tls(self.cfg.cluster)
-        self.proxy.peers = PeerClient(token, self.link.owner, tls=tls[1] if tls else None)
+        self.relay.peers = PeerClient(token, self.link.owner, tls=tls[1] if tls else None)
         host, port = split_host_port(self.cfg.cluster.peer_listen, "cluster.peer_listen")
         self.peer_runner, self.peer_guard, self.peer_port = await start_peer_listener(
-            self.proxy, token, host, port, tls=tls[0] if tls else None
+            self.relay, token, host, port, tls=tls[0] if tls else None
         )
         if not self.cfg.cluster.advertise:  # peer_listen as bound (port 0: the one chosen)
             self.link.advertise = f"{host}:{self.peer_port}"
@@ -349,7 +349,7 @@ class Gateway:
                 http_requests=self.http.requests,
                 http_connections=self.connections.stats,
                 http_auth_failures=self.http.auth_failures,
-                proxy_requests=self.proxy.requests,
+                proxy_requests=self.relay.requests,
                 published=self.endpoints.count(),
                 publish_refused=self.endpoints.refused,
                 remote_write=self.remote_write.stats if self.remote_write else None,
@@ -383,8 +383,8 @@ class Gateway:
             await self.ssh.stop(self.cfg.drain_seconds)
         await self.ingest.aclose()
         await self.link.stop()
-        if self.proxy.peers is not None:
-            await self.proxy.peers.close()
+        if self.relay.peers is not None:
+            await self.relay.peers.close()
         if self.peer_runner is not None:
             await self.peer_runner.cleanup()
         if self.remote_write is not None:

@@ -247,14 +247,16 @@ class AgentConfig:
         return split_host_port(self.listen)[1]
 
 
-MAX_HEARTBEAT_SECONDS = 5.0
+# The agent asks to hear from the gateway at least this often (below the wire's
+# MAX_HEARTBEAT_SECONDS, the most any agent may ask for).
+HEARTBEAT_ASK_SECONDS = 5.0
 
 
 def heartbeat_seconds(interval: float, ack_delay: float = 0.0) -> float:
     """How often the agent asks to hear from the gateway (HELLO ``heartbeat_seconds``):
     never more often than ACKs are due, or HEARTBEATs would stand in for the ACK frames
     that the delay saves."""
-    return max(min(interval, MAX_HEARTBEAT_SECONDS), ack_delay)
+    return max(min(interval, HEARTBEAT_ASK_SECONDS), ack_delay)
 
 
 def silence_timeout(cfg: TunnelConfig, interval: float) -> float:
@@ -368,7 +370,7 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError(
             f"gateway.silence_timeout_seconds ({gw.silence_timeout_seconds:g}) must be more "
             f"than the heartbeat period ({beat:g}s = max(min(interval_seconds, "
-            f"{MAX_HEARTBEAT_SECONDS:g}s), ack_delay_seconds)): the gateway is heard from "
+            f"{HEARTBEAT_ASK_SECONDS:g}s), ack_delay_seconds)): the gateway is heard from "
             "about that often"
         )
     _validate_gateway_addresses(gw)

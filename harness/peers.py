@@ -34,7 +34,7 @@ async def peer_listener(
 ) -> AsyncIterator[PeerListener]:
     """``gw``'s peer listener, taking ``token`` (over https with ``tls``); stopped on the
     way out."""
-    runner, guard, port = await start_peer_listener(gw.proxy, token, "127.0.0.1", 0, tls=tls)
+    runner, guard, port = await start_peer_listener(gw.relay, token, "127.0.0.1", 0, tls=tls)
     try:
         yield PeerListener(port, guard)
     finally:

@@ -126,12 +126,12 @@ async def forward_proxy(request: web.Request) -> web.StreamResponse:
         return web.Response(
             status=400, text=f"only plain http://NODE:PORT/ URLs are proxied, not {what}\n"
         )
-    assert state.proxy is not None
-    return await state.proxy.relay(request, url.host, url.port or 80, url.raw_path_qs)
+    assert state.relay is not None
+    return await state.relay.relay(request, url.host, url.port or 80, url.raw_path_qs)
 
 
 async def path_proxy(request: web.Request) -> web.StreamResponse:
-    proxy = request.app[STATE].proxy
+    proxy = request.app[STATE].relay
     assert proxy is not None
     return await proxy.relay_path_form(request)
 

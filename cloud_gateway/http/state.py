@@ -17,7 +17,7 @@ from cloud_gateway.http.ui.history import RecentValues
 from cloud_gateway.listener import ConnectionGuard
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.relay.endpoints import EndpointTable
-from cloud_gateway.relay.relay import Proxy
+from cloud_gateway.relay.relay import Relay
 from cloud_gateway.trust.cert_expiry import CertificateExpiry
 from gpurelay.web_config import BasicAuth
 
@@ -34,7 +34,7 @@ class HttpState:
     ready: bool = False
     requests: dict[str, int] = dataclasses.field(default_factory=dict)
     endpoints: EndpointTable = dataclasses.field(default_factory=EndpointTable)
-    proxy: Proxy | None = None
+    relay: Relay | None = None
     # None: same tokens as /api; () with protect_*=False: open.
     proxy_tokens: frozenset[str] | None = None
     sd_tokens: frozenset[str] | None = None

@@ -38,7 +38,7 @@ from cloud_gateway.listener import ConnectionGuard, GuardedSite
 from cloud_gateway.relay.upstream import sandbox
 
 if TYPE_CHECKING:
-    from cloud_gateway.relay.relay import Proxy
+    from cloud_gateway.relay.relay import Relay
 
 PEER_PREFIX = "/peer/v1/proxy"
 PEER_MAX_CONNECTIONS = 256  # concurrent connections (one request in flight each)
@@ -151,11 +151,11 @@ class PeerClient:
             await session.close()
 
 
-def peer_app(proxy: Proxy, token: str, guard: ConnectionGuard | None = None) -> web.Application:
+def peer_app(relay: Relay, token: str, guard: ConnectionGuard | None = None) -> web.Application:
     """The peer listener's application: the one route, behind the shared token."""
     expected = token.encode()
 
-    async def relay(request: web.Request) -> web.StreamResponse:
+    async def hop(request: web.Request) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
         # compare_digest always: its time does not depend on where a wrong token differs
@@ -172,7 +172,7 @@ def peer_app(proxy: Proxy, token: str, guard: ConnectionGuard | None = None) -> 
                     text=f"request body not received within {PEER_BODY_TIMEOUT_SECONDS:g}s\n",
                     headers={"Connection": "close"},
                 )
-        return await proxy.relay_path_form(request, hop=False)  # one hop, never two
+        return await relay.relay_path_form(request, hop=False)  # one hop, never two
 
     @web.middleware
     async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -182,7 +182,7 @@ def peer_app(proxy: Proxy, token: str, guard: ConnectionGuard | None = None) -> 
             return await handler(request)
 
     app = web.Application(middlewares=[track])
-    app.router.add_route("*", PEER_PREFIX + "/{node}/{port}/{path:.*}", relay)
+    app.router.add_route("*", PEER_PREFIX + "/{node}/{port}/{path:.*}", hop)
     return app
 
 
@@ -197,13 +197,13 @@ def peer_guard(tls: ssl.SSLContext | None = None) -> ConnectionGuard:
 
 
 async def start_peer_listener(
-    proxy: Proxy, token: str, host: str, port: int, *, tls: ssl.SSLContext | None = None
+    relay: Relay, token: str, host: str, port: int, *, tls: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, ConnectionGuard, int]:
     """The guarded peer listener, started: its runner (cleanup() stops it), its guard
     (stats), and the port it bound. ``tls``: the listener's context (https)."""
     guard = peer_guard(tls)
     runner = web.AppRunner(
-        peer_app(proxy, token, guard), access_log=None, keepalive_timeout=PEER_IDLE_SECONDS
+        peer_app(relay, token, guard), access_log=None, keepalive_timeout=PEER_IDLE_SECONDS
     )
     await runner.setup()
     site = GuardedSite(runner, host, port, guard, listener=("peers", "cluster.peer_listen"))

@@ -96,14 +96,14 @@ _DROP_RESPONSE = frozenset(
 )
 
 
-class ProxyError(Exception):
+class RelayError(Exception):
     def __init__(self, status: int, message: str, **headers: str) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers
 
 
-class _BrokenOff(ProxyError):
+class _BrokenOff(RelayError):
     """The upstream failed after the response head went to the client."""
 
     def __init__(self, status: int, message: str, response: web.StreamResponse) -> None:
@@ -149,7 +149,7 @@ def cross_site(request: web.Request) -> str | None:
 
 
 @dataclass
-class Proxy:
+class Relay:
     registry: Registry
     endpoints: EndpointTable
     timeout: float = 10.0
@@ -170,7 +170,7 @@ class Proxy:
         via = self.endpoints.siblings.get(node, node)
         view = self.registry.node(via, now=now)
         if view is None:
-            raise ProxyError(404, f"unknown node {node!r} (port {port})")
+            raise RelayError(404, f"unknown node {node!r} (port {port})")
         if view.state == "offline":
             seen = (
                 "never"
@@ -181,12 +181,12 @@ class Proxy:
                 )
             )
             through = f", reached through {via}," if via != node else ""
-            raise ProxyError(
+            raise RelayError(
                 503,
                 f"node {node!r}{through} is offline (last seen {seen}); port {port} is unavailable",
             )
         published = ", ".join(str(p) for p in self.endpoints.ports(node)) or "none"
-        raise ProxyError(
+        raise RelayError(
             403, f"port {port} of node {node!r} is not published (published ports: {published})"
         )
 
@@ -202,7 +202,7 @@ class Proxy:
                 self._admit(request)
             try:
                 response = await self._relay(request, node, port, path_qs, started)
-            except ProxyError as exc:
+            except RelayError as exc:
                 owner = self._owner(exc, node) if hop else None
                 if owner is None:
                     raise
@@ -219,7 +219,7 @@ class Proxy:
             status = response.status
         except _BrokenOff as exc:
             response, status = exc.response, exc.status
-        except ProxyError as exc:
+        except RelayError as exc:
             response = web.Response(status=exc.status, text=f"{exc}\n", headers=exc.headers)
             status = exc.status
         if not response.prepared:  # a streamed answer was sandboxed before its head went
@@ -250,7 +250,7 @@ class Proxy:
         ``methods`` (405) and no other site's page sent it (403)."""
         if request.method not in self.methods:
             allowed = ", ".join(self.methods)
-            raise ProxyError(
+            raise RelayError(
                 405,
                 f"method {request.method[:20]!r} is not relayed to nodes; the gateway's "
                 f"http.proxy_methods allows {allowed}",
@@ -258,13 +258,13 @@ class Proxy:
             )
         why = cross_site(request)
         if why is not None:
-            raise ProxyError(
+            raise RelayError(
                 403,
                 f"cross-site request refused ({why}): the proxy relays only requests made "
                 "by no page or by the gateway's own pages",
             )
 
-    def _owner(self, exc: ProxyError, node: str) -> tuple[str, str] | None:
+    def _owner(self, exc: RelayError, node: str) -> tuple[str, str] | None:
         """Another gateway that owns ``node``, when this one does not have it."""
         if self.peers is None or exc.status not in (404, 503):
             return None
@@ -293,7 +293,7 @@ class Proxy:
                 headers=self._request_headers(request, node, port, len(body)),
             )
         except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
-            raise ProxyError(400, f"the request cannot be relayed to {node}:{port}: {exc}") from exc
+            raise RelayError(400, f"the request cannot be relayed to {node}:{port}: {exc}") from exc
         for _attempt in range(2):  # a pooled channel may have been closed by the upstream
             channel, reused = await self._channel(conn, node, port, deadline)
             try:
@@ -302,16 +302,16 @@ class Proxy:
                     head = await channel.response()
             except TimeoutError as exc:
                 channel.close()
-                raise ProxyError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
+                raise RelayError(504, f"{node}:{port} did not answer within {timeout:g}s") from exc
             except (UpstreamError, ConnectionError, asyncssh.Error) as exc:
                 channel.close()
                 if reused:
                     continue  # stale keep-alive channel: once more on a fresh one
-                raise ProxyError(502, f"{node}:{port} sent no valid HTTP response: {exc}") from exc
+                raise RelayError(502, f"{node}:{port} sent no valid HTTP response: {exc}") from exc
             return await self._stream(
                 request, channel, head, node=node, port=port, deadline=deadline, timeout=timeout
             )
-        raise ProxyError(502, f"{node}:{port} closed the connection")
+        raise RelayError(502, f"{node}:{port} closed the connection")
 
     async def _channel(
         self, conn: asyncssh.SSHServerConnection, node: str, port: int, deadline: float
@@ -328,11 +328,11 @@ class Proxy:
             async with asyncio.timeout(remaining):
                 reader, writer = await conn.open_connection(node, port)
         except TimeoutError as exc:
-            raise ProxyError(504, f"timed out opening a channel to {node}:{port}") from exc
+            raise RelayError(504, f"timed out opening a channel to {node}:{port}") from exc
         except asyncssh.ChannelOpenError as exc:
-            raise ProxyError(502, f"{node}:{port} refused the connection: {exc.reason}") from exc
+            raise RelayError(502, f"{node}:{port} refused the connection: {exc.reason}") from exc
         except (OSError, asyncssh.Error) as exc:
-            raise ProxyError(502, f"the tunnel to {node}:{port} failed: {exc}") from exc
+            raise RelayError(502, f"the tunnel to {node}:{port} failed: {exc}") from exc
         return UpstreamChannel(conn, reader, writer), False
 
     async def _stream(
@@ -380,12 +380,12 @@ class Proxy:
         response: web.StreamResponse,
         status: int,
         message: str,
-    ) -> ProxyError:
+    ) -> RelayError:
         """Close the channel; once the head has gone out, close the client's connection
         too, so the body it got is an error and not a shorter scrape."""
         channel.close()
         if not response.prepared:
-            return ProxyError(status, message)
+            return RelayError(status, message)
         if request.transport is not None:
             request.transport.close()
         return _BrokenOff(status, message, response)

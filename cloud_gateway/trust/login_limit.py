@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from gpurelay.logs import Throttled
+
 log = logging.getLogger("cloud_gateway.enrollment")
 
 # An enrollment is one login per node, ever (plus a retry or two): these let a site behind
@@ -56,12 +58,10 @@ class LoginLimiter:
         self.per_address = (per_address_rate, per_address_burst)
         self.max_addresses = max_addresses
         self.clock = clock
-        self.log_every = LOG_EVERY_SECONDS
+        self._log = Throttled(log, logging.WARNING, LOG_EVERY_SECONDS)
         now = clock()
         self._global = Bucket(global_rate, global_burst, global_burst, now)
         self._addresses: OrderedDict[str, Bucket] = OrderedDict()
-        self._next_line = 0.0
-        self._left_out = 0
 
     def allow(self, address: str) -> str | None:
         """Take one login for ``address``: None if allowed, else which limit it is over."""
@@ -88,13 +88,15 @@ class LoginLimiter:
         self._global.tokens -= 1
         return None
 
+    @property
+    def log_every(self) -> float:
+        """Seconds between two lines about refused logins (the rest are counted)."""
+        return self._log.every
+
+    @log_every.setter
+    def log_every(self, seconds: float) -> None:
+        self._log.every = seconds
+
     def log_refusal(self, username: str, why: str) -> None:
         """One WARNING per ``log_every`` seconds at most, counting the ones left out."""
-        now = time.monotonic()
-        if now < self._next_line:
-            self._left_out += 1
-            return
-        left = self._left_out
-        more = f" ({left} more refused since the last such line)" if left else ""
-        log.warning("refused the enrollment login %r: too many logins, %s%s", username, why, more)
-        self._next_line, self._left_out = now + self.log_every, 0
+        self._log("refused the enrollment login %r: too many logins, %s", username, why)

@@ -40,7 +40,7 @@ async def test_the_peer_listener_survives_hostile_clients(tmp_path: Path) -> Non
         peer_listener(a) as listener,
     ):
         a_peer, port, guard = listener.address, listener.port, listener.guard
-        b.proxy.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_peer))
+        b.relay.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_peer))
         writers: list[asyncio.StreamWriter] = []
         try:
             async with running_agent(agent_config(pki, "edge-1", a)) as agent:

@@ -11,7 +11,7 @@ import pytest
 
 from cloud_gateway.errors import ListenError
 from cloud_gateway.relay.peers import start_peer_listener
-from cloud_gateway.relay.relay import Proxy
+from cloud_gateway.relay.relay import Relay
 from harness.fleet import make_pki
 from harness.services import GatewayProc
 
@@ -47,7 +47,7 @@ async def test_the_peer_listener_on_a_taken_port_names_itself() -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = int(holder.getsockname()[1])
-        no_proxy = cast(Proxy, object())  # never reached: nothing is relayed
+        no_proxy = cast(Relay, object())  # never reached: nothing is relayed
         with pytest.raises(ListenError) as refused:
             await start_peer_listener(no_proxy, "token", "127.0.0.1", port)
     assert str(refused.value) == (

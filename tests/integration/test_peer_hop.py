@@ -38,10 +38,10 @@ async def test_a_node_owned_by_another_gateway_is_scraped_through_it(tmp_path: P
         a_peer, b_peer = a_listener.address, b_listener.address
         # the fleet view: edge-1 is on a; b's view says so, a's view (wrongly) says b —
         # a request that arrives at a from a peer must not bounce back to b
-        b.proxy.peers = b_client = PeerClient(
+        b.relay.peers = b_client = PeerClient(
             PEER_TOKEN, lambda n: ("gw-a", a_peer) if n == "edge-1" else None
         )
-        a.proxy.peers = a_client = PeerClient(PEER_TOKEN, lambda n: ("gw-b", b_peer))
+        a.relay.peers = a_client = PeerClient(PEER_TOKEN, lambda n: ("gw-b", b_peer))
         async with running_agent(agent_config(pki, "edge-1", a)) as agent:
             await wait_for(lambda: a.ingest.stats.batches >= 1)
             base_a = f"http://127.0.0.1:{a.http_port}"
@@ -71,7 +71,7 @@ async def test_a_node_owned_by_another_gateway_is_scraped_through_it(tmp_path: P
         await b_client.close()
         # the owner goes away: b answers 502 naming it
     async with running_gateway(gateway_config(pki)) as b:
-        b.proxy.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_peer))
+        b.relay.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_peer))
         async with httpx.AsyncClient(timeout=20) as client:
             r = await client.get(
                 f"http://127.0.0.1:{b.http_port}/proxy/edge-1/9400/metrics", headers=AUTH
@@ -93,7 +93,7 @@ async def test_a_hopped_scrape_comes_back_in_the_encoding_the_client_asked_for(
         running_gateway(gateway_config(pki)) as b,
         peer_listener(a) as a_listener,
     ):
-        b.proxy.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_listener.address))
+        b.relay.peers = b_client = PeerClient(PEER_TOKEN, lambda n: ("gw-a", a_listener.address))
         async with running_agent(agent_config(pki, "edge-1", a)) as agent:
             await wait_for(lambda: a.ingest.stats.batches >= 1)
             url = f"http://127.0.0.1:{{}}/proxy/edge-1/{agent.port}/metrics"
@@ -132,7 +132,7 @@ async def test_the_peer_hop_runs_over_tls_when_configured(tmp_path: Path) -> Non
         peer_listener(a, tls=server_tls) as a_listener,
     ):
         a_peer = a_listener.address
-        b.proxy.peers = b_client = PeerClient(
+        b.relay.peers = b_client = PeerClient(
             PEER_TOKEN, lambda n: ("gw-a", a_peer), tls=client_tls
         )
         async with running_agent(agent_config(pki, "edge-1", a)) as agent:
@@ -147,7 +147,7 @@ async def test_the_peer_hop_runs_over_tls_when_configured(tmp_path: Path) -> Non
                     await client.get(f"http://{a_peer}{PEER_PREFIX}/edge-1/9400/m", headers=peer)
             await b_client.close()
             # a peer that does not trust the peer CA (the system's CAs only) gets a 502
-            b.proxy.peers = stranger = PeerClient(
+            b.relay.peers = stranger = PeerClient(
                 PEER_TOKEN, lambda n: ("gw-a", a_peer), tls=ssl.create_default_context()
             )
             async with httpx.AsyncClient(timeout=20) as client:

@@ -14,7 +14,7 @@ from cloud_gateway.exposition.shards import ShardError, parse_shard
 from cloud_gateway.http.api import HttpState, make_app
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.relay.endpoints import EndpointTable
-from cloud_gateway.relay.relay import Proxy
+from cloud_gateway.relay.relay import Relay
 
 AUTH = {"Authorization": "Bearer t0ken"}
 LONG = "1" * 5000  # int() refuses more than 4,300 digits
@@ -29,7 +29,7 @@ async def client() -> AsyncIterator[TestClient[object, object]]:
         Exposition(registry),
         frozenset({"t0ken"}),
         endpoints=endpoints,
-        proxy=Proxy(registry, endpoints),
+        relay=Relay(registry, endpoints),
     )
     async with TestClient(TestServer(make_app(state))) as c:
         yield c

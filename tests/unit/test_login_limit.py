@@ -66,11 +66,11 @@ def test_refusals_are_logged_throttled(caplog: pytest.LogCaptureFixture) -> None
         for _ in range(5):
             limiter.log_refusal("enroll:edge-1", "over it")
         limiter.log_every = 0
-        limiter._next_line = 0
+        limiter._log._next = 0.0  # the hour is over
         limiter.log_refusal("enroll:edge-1", "over it")
     assert [r.getMessage() for r in caplog.records] == [
         "refused the enrollment login 'enroll:edge-1': too many logins, over it",
         "refused the enrollment login 'enroll:edge-1': too many logins, over it "
-        "(4 more refused since the last such line)",
+        "(and 4 more like it since the last such line)",
     ]
     assert {r.levelno for r in caplog.records} == {logging.WARNING}
