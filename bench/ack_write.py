@@ -13,7 +13,8 @@ gathering it would measure):
 
 - the write: ``_TelemetryChannel._send`` of ACK / ACK_RANGES frames (encode, SSH packet
   with its MAC and cipher, the socket write);
-- the gathering: ``NodeSession.flush`` (per read and on the tick) and ``AckGatherer.add``.
+- the gathering: ``AckGatherer.add`` and ``AckGatherer.take`` (the frames for what waits),
+  called by the connection's ``Acknowledger`` per read and on the tick.
 
 Prints ACK frames per batch and the gateway CPU per batch spent acknowledging in each
 mode, and their ratio (the wrappers' own two clock reads per call are included in both).
@@ -40,7 +41,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud_gateway.ingest import acks as acks_module
-from cloud_gateway.ingest import session as ingest_module
 from cloud_gateway.ssh import server as ssh_server
 from edge_agent.config import TunnelConfig
 from edge_agent.tunnel import Tunnel
@@ -89,10 +89,9 @@ def instrument() -> None:
     channel._send = timed(  # type: ignore[method-assign]
         channel._send, "write", only=lambda self, frame: isinstance(frame, Ack | AckRanges)
     )
-    session = ingest_module.NodeSession
-    session.flush = timed(session.flush, "gather")  # type: ignore[method-assign]
     gatherer = acks_module.AckGatherer
     gatherer.add = timed(gatherer.add, "gather")  # type: ignore[method-assign]
+    gatherer.take = timed(gatherer.take, "gather")  # type: ignore[method-assign]
 
 
 def same(hello: Hello) -> Hello:

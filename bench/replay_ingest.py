@@ -35,6 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.remote_write.client import RemoteWriter
@@ -71,7 +72,8 @@ async def end_to_end(records: list[bytes], max_samples_per_send: int) -> tuple[f
     writer = RemoteWriter(
         RemoteWriteConfig(url=URL, max_samples_per_send=max_samples_per_send), client=client
     )
-    ingest = Ingest(Registry(), remote_write=writer, max_queued_batches=len(records) + 1)
+    settings = DeliverySettings(max_queued_batches=len(records) + 1)
+    ingest = Ingest(Registry(), delivery=Delivery(settings, remote_write=writer))
     acks: list[int] = []
 
     def send(frame: Frame) -> None:

@@ -36,6 +36,7 @@ from cloud_gateway.gateway_metrics import gateway_families
 from cloud_gateway.http.api import make_app
 from cloud_gateway.http.state import HttpState
 from cloud_gateway.http.ui.history import UI_FAMILIES
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.listener import ConnectionGuard, GuardedSite
 from cloud_gateway.registry.store import FB_FAMILIES, NodeState, Registry, StoreConfig
@@ -113,14 +114,11 @@ class Gateway:
             self.registry,
             clock=clock,
             limits=self.limits,
-            remote_write=self.remote_write,
+            delivery=Delivery(
+                DeliverySettings.of(cfg.remote_write), remote_write=self.remote_write
+            ),
             self_metrics=self.self_metrics,
             conflicts=ConflictPolicy(cast(Policy, cfg.ssh.duplicate_connection)),
-            max_queued_batches=cfg.remote_write.max_queued_batches_per_node,
-            retry_backoff=(
-                cfg.remote_write.min_backoff_seconds,
-                cfg.remote_write.max_backoff_seconds,
-            ),
         )
         self.endpoints = EndpointTable(
             is_tunnel_node=lambda name: self.registry.node(name, now=self.clock()) is not None,

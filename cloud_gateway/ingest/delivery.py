@@ -1,34 +1,36 @@
-"""Delivery: which seqs a node got acknowledged, which wait, and when to send each ACK.
+"""Delivery: whether a seq is new, and when it may be acknowledged.
 
-Every decision about a BATCH or REPLAY's sequence number is made here, once per frame;
-ingest calls :meth:`NodeDelivery.take` and sends what it returns. The pipeline is
-``ssh_server → ingest → delivery → registry`` (and ``→ forwarding → remote_write`` when
-remote write is on).
+For each BATCH or REPLAY the session asks :meth:`NodeDelivery.judge` for a
+:class:`Verdict`, applies the frame to the registry, and for a new seq calls
+:meth:`NodeDelivery.settle`. Delivery never calls back into the session: it returns what
+to do, and the ACKs it releases later (remote write on) go to the connection's
+:class:`~cloud_gateway.ingest.acks.Acknowledger`, which alone decides when each is written.
 
 - The **ledger**: every seq a node got acknowledged, as merged ranges
-  (:class:`~cloud_gateway.ingest.seqranges.SeqRanges`), kept per node for the gateway's life so
-  it survives reconnects. A seq in it is a *duplicate* (an agent restarted, an ACK was
-  lost): acknowledged again at once, never applied again.
-- **In flight**: seqs handed to the node's :class:`~cloud_gateway.remote_write.forwarder.Forwarder`
-  and not yet taken by the receiver. The same seq arriving again is a duplicate too, and
-  is acknowledged when the waiting one is.
-- **The ACK decision**: remote write off, a new seq is marked and acknowledged as soon as
-  it is applied; remote write on, its collection goes to the forwarder and the ACK goes
-  out (through ``send``) when the forwarder reports it delivered, accepted or refused for
+  (:class:`~cloud_gateway.ingest.seqranges.SeqRanges`), kept per node for the gateway's
+  life so it survives reconnects. A seq in it is a *duplicate* (an agent restarted, an
+  ACK was lost): acknowledged again at once, never applied again.
+- **In flight**: seqs handed to the node's
+  :class:`~cloud_gateway.remote_write.forwarder.Forwarder` and not yet taken by the
+  receiver. The same seq arriving again is a duplicate too, and is acknowledged when the
+  waiting one is.
+- **Settling a new seq**: remote write off, it is marked and acknowledged as soon as it is
+  applied; remote write on, its collection goes to the forwarder and it is acknowledged
+  (``acknowledge(seq)``) when the forwarder reports it delivered, accepted or refused for
   good. What a closed session held stays unacknowledged: the agent sends it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
 
 from cloud_gateway.ingest.seqranges import DEFAULT_MAX_RANGES, SeqRanges
 from cloud_gateway.remote_write.client import RemoteWriter
-from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES
+from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES, RemoteWriteConfig
 from cloud_gateway.remote_write.forwarder import (
     MAX_SAMPLES_PER_SEND,
     RETRY_BACKOFF,
@@ -37,9 +39,6 @@ from cloud_gateway.remote_write.forwarder import (
     QueuedCollection,
 )
 from gpurelay.tasks import stop_tasks
-from gpurelay.wire import Ack, Frame
-
-NO_ACKS: Final[tuple[Frame, ...]] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,14 +48,31 @@ class DeliverySettings:
     max_samples_per_send: int = MAX_SAMPLES_PER_SEND
     retry_backoff: tuple[float, float] = RETRY_BACKOFF
 
+    @classmethod
+    def of(cls, section: RemoteWriteConfig) -> DeliverySettings:
+        """The settings ``[remote_write]`` gives (the one place its knobs are read)."""
+        return cls(
+            max_queued_batches=section.max_queued_batches_per_node,
+            retry_backoff=(section.min_backoff_seconds, section.max_backoff_seconds),
+        )
 
-@dataclass(frozen=True, slots=True)
-class Taken:
-    """What became of one BATCH or REPLAY: ``duplicate`` (delivered before, or waiting),
-    and the ACKs to send now (none while remote write holds it)."""
 
-    duplicate: bool
-    acks: tuple[Frame, ...]
+class Verdict(enum.Enum):
+    """What a BATCH or REPLAY's seq is, judged before it is applied."""
+
+    NEW = "new"  # apply it; delivered once applied: acknowledged now
+    FORWARD = "forward"  # apply it; remote write takes it: acknowledged once the receiver did
+    DELIVERED = "delivered"  # acknowledged before: apply as a duplicate, acknowledge again now
+    IN_FLIGHT = "in_flight"  # remote write holds it: a duplicate, acknowledged with the first
+
+    @property
+    def duplicate(self) -> bool:
+        return self is Verdict.DELIVERED or self is Verdict.IN_FLIGHT
+
+    @property
+    def acknowledged_now(self) -> bool:
+        """Its ACK is due as soon as the frame is applied."""
+        return self is Verdict.NEW or self is Verdict.DELIVERED
 
 
 class Delivery:
@@ -89,12 +105,13 @@ class Delivery:
         node: str,
         *,
         log: logging.Logger,
-        send: Callable[[Frame], None],
+        acknowledge: Callable[[int], None],
         failed: Callable[[str], None],
     ) -> NodeDelivery:
-        """Delivery for one connection of ``node``: ``send`` carries the ACKs that come
-        later, ``failed`` closes the connection (a forwarding bug, not the receiver)."""
-        session = NodeDelivery(self, node, log=log, send=send, failed=failed)
+        """Delivery for one connection of ``node``: ``acknowledge(seq)`` is told of the
+        seqs remote write took later, ``failed`` closes the connection (a forwarding bug,
+        not the receiver)."""
+        session = NodeDelivery(self, node, log=log, acknowledge=acknowledge, failed=failed)
         self._sessions.add(session)
         return session
 
@@ -120,12 +137,12 @@ class NodeDelivery:
         node: str,
         *,
         log: logging.Logger,
-        send: Callable[[Frame], None],
+        acknowledge: Callable[[int], None],
         failed: Callable[[str], None],
     ) -> None:
         self._delivery = delivery
         self._ledger = delivery.ledger(node)
-        self._send = send
+        self._acknowledge = acknowledge
         self._in_flight: set[int] = set()
         self._forwarder: Forwarder | None = None
         settings = delivery.settings
@@ -157,28 +174,26 @@ class NodeDelivery:
         if self._forwarder is not None:
             await self._forwarder.room()
 
-    def take(
-        self,
-        seq: int,
-        *,
-        apply: Callable[[bool], None],
-        collection: Callable[[], QueuedCollection],
-    ) -> Taken:
-        """One BATCH or REPLAY with ``seq``: classify it, let ``apply(duplicate)`` record it
-        (in the registry), then decide its ACK. ``collection`` is called only when remote
-        write is on and the seq is new, after ``apply``."""
-        duplicate = seq in self._ledger or seq in self._in_flight
-        apply(duplicate)
-        if duplicate:
-            # delivered: acknowledge again; in flight: acknowledged when the first one is
-            acks = NO_ACKS if seq in self._in_flight else (Ack(seq=seq),)
-            return Taken(duplicate=True, acks=acks)
-        if self._forwarder is None:
+    def judge(self, seq: int) -> Verdict:
+        """What ``seq`` is: new (delivered at once, or forwarded), or a duplicate
+        (delivered before, or in flight)."""
+        if seq in self._in_flight:
+            return Verdict.IN_FLIGHT
+        if seq in self._ledger:
+            return Verdict.DELIVERED
+        return Verdict.NEW if self._forwarder is None else Verdict.FORWARD
+
+    def settle(self, seq: int, verdict: Verdict, collection: QueuedCollection | None) -> None:
+        """``seq`` was applied: a NEW one is delivered, a FORWARD one's ``collection`` goes
+        to the forwarder (``acknowledge(seq)`` comes once the receiver took it); a
+        duplicate changes nothing."""
+        if verdict is Verdict.NEW:
             self._ledger.add(seq)
-            return Taken(duplicate=False, acks=(Ack(seq=seq),))
-        self._in_flight.add(seq)
-        self._forwarder.put(collection())
-        return Taken(duplicate=False, acks=NO_ACKS)
+        elif verdict is Verdict.FORWARD:
+            if collection is None or self._forwarder is None:
+                raise ValueError(f"seq {seq} is forwarded: its collection is needed")
+            self._in_flight.add(seq)
+            self._forwarder.put(collection)
 
     def close(self) -> asyncio.Task[None] | None:
         """The connection ended: stop forwarding; what waited is forgotten (the agent
@@ -188,7 +203,7 @@ class NodeDelivery:
         return None if self._forwarder is None else self._forwarder.close()
 
     def _delivered(self, seq: int) -> None:
-        """The forwarder is done with ``seq``: mark it and send its ACK."""
+        """The forwarder is done with ``seq``: mark it, and it is acknowledged."""
         self._in_flight.discard(seq)
         self._ledger.add(seq)
-        self._send(Ack(seq=seq))
+        self._acknowledge(seq)

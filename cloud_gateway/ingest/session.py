@@ -14,38 +14,33 @@ ACKs held for remote write from a dead link. An agent that asked for delayed ran
 gets its ACKs gathered per connection (:mod:`cloud_gateway.ingest.acks`), written on the tick
 when due, at the end of a read that carried a REPLAY, and in place of a due HEARTBEAT.
 
-A BATCH is applied to the registry at once (so /metrics stays fresh); a REPLAY (an older,
-spooled collection) is decoded, so a malformed record closes the connection, and never
-changes the exposed values. Each goes through :mod:`cloud_gateway.ingest.delivery` once, which
-says whether its seq is a duplicate and when it is acknowledged (at once, or once remote
-write took it); ingest only sends the ACKs it is given.
+One way through for a BATCH or REPLAY, each step a call that returns here:
+:meth:`NodeDelivery.judge <cloud_gateway.ingest.delivery.NodeDelivery.judge>` (new, or a
+duplicate), the registry (a BATCH is applied at once, so /metrics stays fresh; a REPLAY,
+an older spooled collection, is decoded, so a malformed record closes the connection, and
+never changes the exposed values), :meth:`~cloud_gateway.ingest.delivery.NodeDelivery.settle`
+for a new seq (acknowledged now, or once remote write took it), and the connection's
+:class:`~cloud_gateway.ingest.acks.Acknowledger`, which alone writes ACKs and HEARTBEATs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from cloud_gateway.ingest.acks import AckGatherer
-from cloud_gateway.ingest.delivery import Delivery, DeliverySettings, NodeDelivery
+from cloud_gateway.ingest.acks import Acknowledger
+from cloud_gateway.ingest.delivery import Delivery, NodeDelivery, Verdict
 from cloud_gateway.registry.store import Registry, StaleConnection, stamp_node
-from cloud_gateway.remote_write.client import RemoteWriter
-from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES
-from cloud_gateway.remote_write.forwarder import (
-    MAX_SAMPLES_PER_SEND,
-    RETRY_BACKOFF,
-    QueuedCollection,
-)
+from cloud_gateway.remote_write.forwarder import QueuedCollection
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh.conflicts import ConflictPolicy
 from cloud_gateway.ssh.logins import node_log
 from gpurelay.model import Labels
 from gpurelay.record import Record, RecordDecoder
-from gpurelay.wire import Ack, Batch, Declare, Frame, Heartbeat, Hello, Limits, Replay, WireError
+from gpurelay.wire import Batch, Declare, Frame, Hello, Limits, Replay, WireError
 
 _MAX_KEYS: Final = 100_000  # remote write label sets remembered per session (replays)
 
@@ -80,26 +75,18 @@ class Ingest:
         monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
         limits: Limits | None = None,
-        remote_write: RemoteWriter | None = None,
-        max_queued_batches: int = MAX_QUEUED_BATCHES,
+        delivery: Delivery | None = None,
         conflicts: ConflictPolicy | None = None,
-        max_samples_per_send: int = MAX_SAMPLES_PER_SEND,
-        retry_backoff: tuple[float, float] = RETRY_BACKOFF,
         self_metrics: SelfMetrics | None = None,
     ) -> None:
+        """``delivery``: the seq ledger and, with remote write, the forwarders (built once
+        from ``[remote_write]`` in ``app.py``); none: remote write off, defaults."""
         self.registry = registry
         self.clock = clock
         self.monotonic = monotonic  # for silences and heartbeats: immune to clock steps
         self.on_change = on_change
         self.limits = limits or Limits()
-        self.delivery = Delivery(
-            DeliverySettings(
-                max_queued_batches=max_queued_batches,
-                max_samples_per_send=max_samples_per_send,
-                retry_backoff=retry_backoff,
-            ),
-            remote_write=remote_write,
-        )
+        self.delivery = delivery or Delivery()
         self.forward_stats = self.delivery.forward_stats
         self.stats = IngestStats()
         self.self_metrics = self_metrics or SelfMetrics()
@@ -115,7 +102,8 @@ class Ingest:
         close: Callable[[str], None],
         send: Callable[[Frame], None] = lambda frame: None,
     ) -> NodeSession:
-        """``send`` carries the ACKs that come later (after remote write took a batch)."""
+        """``send`` writes a frame to the agent: the ACKs and HEARTBEATs of the
+        session's :class:`Acknowledger` (the only frames the gateway sends it)."""
         return NodeSession(self, node, remote, close, send)
 
     def close_connection(self, conn_id: int, reason: str) -> None:
@@ -147,14 +135,9 @@ class NodeSession:
         self.node = node
         self.remote = remote
         self._close = close
-        self._send_frame = send
+        self.acks = Acknowledger(send, ingest.stats, ingest.monotonic)
         self.conn_id: int | None = None
-        self._heartbeat = 0.0  # what the agent asked for in HELLO (0: none)
-        self._acks: AckGatherer | None = None  # ACKs gathered, if the agent asked (HELLO)
-        self._flush_soon = False  # a write of due ACKs is scheduled on the loop
-        self.ack_due = False  # gathered ACKs to write at the end of this read (flush)
-        self._last_received = self._last_sent = ingest.monotonic()
-        self._received_seq = 0  # highest BATCH/REPLAY seq received, for HEARTBEAT
+        self._last_received = ingest.monotonic()
         self.log = node_log(node)
         self._pending_bytes = 0
         self._records = RecordDecoder(limits=ingest.limits)
@@ -162,7 +145,7 @@ class NodeSession:
         self._replay_series: tuple[tuple[str, Labels], ...] = ()  # the last record's series
         self._replay_keys: list[Labels | None] = []  # and their keys
         self._delivery: NodeDelivery = ingest.delivery.open(
-            node, log=self.log, send=self._send, failed=close
+            node, log=self.log, acknowledge=self.acks.later, failed=close
         )
 
     @property
@@ -180,51 +163,17 @@ class NodeSession:
         self._ingest.stats.bytes += nbytes
         self._last_received = self._ingest.monotonic()
 
-    def _send(self, frame: Frame) -> None:
-        """A frame sent later (an ACK after remote write took a batch, a HEARTBEAT)."""
-        acks = self._acks
-        if acks is not None and type(frame) is Ack:  # gathered, written when due
-            now = self._ingest.monotonic()
-            acks.add(frame.seq, now)
-            if acks.due(now) and not self._flush_soon:  # a replay's: once this burst is in
-                self._flush_soon = True
-                asyncio.get_running_loop().call_soon(self._flush_due)
-            return
-        self._ingest.stats.ack_frames += type(frame) is Ack
-        self._last_sent = self._ingest.monotonic()
-        self._send_frame(frame)
+    def read_done(self) -> None:
+        """The frames of one read were handled (ACKs due at once are written)."""
+        self.acks.read_done()
 
-    def _flush_due(self) -> None:
-        self._flush_soon = False
-        for frame in self.flush(force=False):
-            self._send_frame(frame)
-
-    def flush(self, *, force: bool) -> Sequence[Frame]:
-        """The gathered ACKs to write now: those due (see :mod:`cloud_gateway.ingest.acks`), or
-        all of them (``force``: the connection is about to end)."""
-        acks = self._acks
-        if acks is None or not acks:
-            return ()
-        now = self._ingest.monotonic()
-        if not (force or acks.due(now)):
-            return ()
-        frames = acks.take()
-        self.ack_due = False
-        self._ingest.stats.ack_frames += len(frames)
-        self._last_sent = now
-        return frames
-
-    def _beat(self) -> None:
-        self._ingest.stats.heartbeats += 1
-        self._send(Heartbeat(received=self._received_seq))
+    def flush(self) -> None:
+        """The connection is about to end: every gathered ACK is written."""
+        self.acks.flush()
 
     def tick(self, now: float) -> None:
         ingest = self._ingest
-        beat = self._heartbeat and now - self._last_sent >= self._heartbeat
-        if self._acks is not None and self._acks and (beat or self._acks.due(now)):
-            self._flush_due()  # also stands for a HEARTBEAT due
-        elif beat:
-            self._beat()
+        self.acks.tick(now)
         if self._delivery.held:  # the gateway is not reading: not the node's silence
             self._last_received = now
             return
@@ -242,35 +191,20 @@ class NodeSession:
         ingest.registry.record_error(self.node, message, ingest.clock())
         ingest.close_connection(self.conn_id, f"silent for {silent:.1f}s")
 
-    def handle(self, frame: Frame) -> Sequence[Frame]:
-        replies = self._handle(frame)
-        if not replies:  # only BATCH and REPLAY have replies: their ACKs
-            return replies
-        acks = self._acks
-        if acks is not None:  # written by flush(), at the end of this read or later
-            replay = type(frame) is Replay
-            for ack in replies:
-                acks.add(ack.seq, self._last_received, replay=replay)  # type: ignore[union-attr]
-            self.ack_due = acks.pressing  # else they wait for the tick
-            return ()
-        self._ingest.stats.ack_frames += len(replies)
-        self._last_sent = self._ingest.monotonic()
-        return replies
-
-    def _handle(self, frame: Frame) -> Sequence[Frame]:
+    def handle(self, frame: Frame) -> None:
+        """Apply one frame; what it earns (an ACK) is written by :attr:`acks`."""
         if isinstance(frame, Batch):
-            self._received_seq = max(self._received_seq, frame.seq)
-            return self._batch(frame)
-        if isinstance(frame, Replay):
-            self._received_seq = max(self._received_seq, frame.seq)
-            return self._replay(frame)
-        if isinstance(frame, Declare):
+            self.acks.received(frame.seq)
+            self._batch(frame)
+        elif isinstance(frame, Replay):
+            self.acks.received(frame.seq)
+            self._replay(frame)
+        elif isinstance(frame, Declare):
             self._declare(frame)
-            return ()
-        if isinstance(frame, Hello):
+        elif isinstance(frame, Hello):
             self._hello(frame)
-            return ()
-        raise WireError("frame_type", f"an agent may not send {type(frame).__name__} frames")
+        else:
+            raise WireError("frame_type", f"an agent may not send {type(frame).__name__} frames")
 
     def _hello(self, hello: Hello) -> None:
         ingest = self._ingest
@@ -301,11 +235,7 @@ class NodeSession:
             hello.backend,
             hello.domain or self.node,
         )
-        if hello.ack_delay_seconds:
-            self._acks = AckGatherer(hello.ack_delay_seconds)
-        if hello.heartbeat_seconds:  # the first at once: the agent learns we send them
-            self._heartbeat = hello.heartbeat_seconds
-            self._beat()
+        self.acks.hello(hello.ack_delay_seconds, hello.heartbeat_seconds)
         ingest.on_change()
 
     def _arrive(self, now: float) -> None:
@@ -361,89 +291,100 @@ class NodeSession:
             self.log.info(message)
             ingest.registry.record_error(self.node, message, ingest.clock())
 
-    def _batch(self, batch: Batch) -> Sequence[Frame]:
+    def _batch(self, batch: Batch) -> None:
         ingest = self._ingest
         started = time.perf_counter()
         conn_id = self._current()
-
-        def apply(duplicate: bool) -> None:
-            try:
-                applied = ingest.registry.apply(
-                    self.node,
-                    conn_id,
-                    batch,
-                    now=ingest.clock(),
-                    size_bytes=self._pending_bytes,
-                    duplicate=duplicate,
-                )
-            except StaleConnection as exc:
-                raise self._replaced() from exc
-            self._pending_bytes = 0
-            ingest.stats.unknown_values += applied.unknown
-
-        taken = self._delivery.take(
+        verdict = self._delivery.judge(batch.seq)
+        try:
+            applied = ingest.registry.apply(
+                self.node,
+                conn_id,
+                batch,
+                now=ingest.clock(),
+                size_bytes=self._pending_bytes,
+                duplicate=verdict.duplicate,
+            )
+        except StaleConnection as exc:
+            raise self._replaced() from exc
+        self._pending_bytes = 0
+        stats = ingest.stats
+        stats.unknown_values += applied.unknown
+        self._acknowledge(
             batch.seq,
-            apply=apply,
-            collection=lambda: QueuedCollection(
+            verdict,
+            lambda: QueuedCollection(
                 seq=batch.seq,
                 timestamp_ms=round(batch.timestamp * 1000),
                 samples=ingest.registry.samples(self.node),
                 replayed=False,
             ),
         )
-        stats = ingest.stats
         stats.batches += 1
-        stats.duplicates += taken.duplicate
+        stats.duplicates += verdict.duplicate
         took = time.perf_counter() - started
         stats.batch_seconds += took
         ingest._apply_batch.observe(took)
         ingest.on_change()
-        return taken.acks
+
+    def _acknowledge(
+        self,
+        seq: int,
+        verdict: Verdict,
+        collection: Callable[[], QueuedCollection],
+        *,
+        replay: bool = False,
+    ) -> None:
+        """After the registry took the frame: settle its seq, and the ACK its verdict
+        earns now (later ones come from delivery to :attr:`acks` directly)."""
+        forwarded = collection() if verdict is Verdict.FORWARD else None
+        self._delivery.settle(seq, verdict, forwarded)
+        if verdict.acknowledged_now:  # new, or delivered before: leave the agent's spool
+            self.acks.now(seq, replay=replay)
+        elif verdict is Verdict.FORWARD and replay:
+            self.acks.hold(seq)  # its ACK, when it comes, is urgent
+        # IN_FLIGHT: acknowledged when the first one is
 
     def _replaced(self) -> WireError:
         """A newer connection of this node took over: close this one, with this error."""
         self._close("replaced by a newer connection")
         return WireError("order", "this connection was replaced by a newer one")
 
-    def _replay(self, replay: Replay) -> Sequence[Frame]:
+    def _replay(self, replay: Replay) -> None:
         ingest = self._ingest
         started = time.perf_counter()
         conn_id = self._current()
         record = self._records.decode(replay.record)  # WireError if malformed
-
-        def apply(duplicate: bool) -> None:
-            try:
-                ingest.registry.replay(
-                    self.node,
-                    conn_id,
-                    replay.seq,
-                    now=ingest.clock(),
-                    size_bytes=self._pending_bytes,
-                    duplicate=duplicate,
-                )
-            except StaleConnection as exc:
-                raise self._replaced() from exc
-            self._pending_bytes = 0
-
-        taken = self._delivery.take(
+        verdict = self._delivery.judge(replay.seq)
+        try:
+            ingest.registry.replay(
+                self.node,
+                conn_id,
+                replay.seq,
+                now=ingest.clock(),
+                size_bytes=self._pending_bytes,
+                duplicate=verdict.duplicate,
+            )
+        except StaleConnection as exc:
+            raise self._replaced() from exc
+        self._pending_bytes = 0
+        self._acknowledge(
             replay.seq,
-            apply=apply,
-            collection=lambda: QueuedCollection(
+            verdict,
+            lambda: QueuedCollection(
                 seq=replay.seq,
                 timestamp_ms=record.timestamp_ms,
                 samples=self._replayed_samples(record),
                 replayed=True,
             ),
+            replay=True,
         )
-        if not taken.acks and self._acks is not None:  # remote write has it: ACK later
-            self._acks.hold(replay.seq)
         ingest.stats.replays += 1
-        ingest.stats.duplicates += taken.duplicate
+        ingest.stats.duplicates += verdict.duplicate
         took = time.perf_counter() - started
         ingest.stats.replay_seconds += took
         ingest._apply_replay.observe(took)
         ingest.on_change()
-        return taken.acks
 
     def _replayed_samples(self, record: Record) -> list[tuple[Labels, float]]:
         """A record's samples with the remote write key of each series: its name, its

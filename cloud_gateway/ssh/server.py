@@ -8,9 +8,10 @@ logged once per connection, with the node, key id and serial it was about.
 
 Each authenticated connection may open one session channel with the ``gpurelay``
 subsystem. Bytes are decoded into frames here and handed to a :class:`Session` supplied
-by the application (the ingest stage); its replies are written back, and so are the
-frames it sends later (ACKs after remote write); after the frames of each chunk, the ACKs
-it gathered when they are due at once (:attr:`Session.ack_due`, :meth:`Session.flush`).
+by the application (the ingest stage); what it sends the agent (ACKs, HEARTBEATs) it
+writes through the ``send`` it was opened with, when it decides. This module only tells
+it when a read's frames were all handled (:meth:`Session.read_done`) and when the
+connection is about to end (:meth:`Session.flush`).
 After each chunk the channel awaits :meth:`Session.flow`: while a session is over its
 queue bound the channel stops reading, and SSH flow control holds the agent. A frame that
 breaks the contract gets an ERROR frame back and the connection is closed; other nodes are
@@ -64,8 +65,8 @@ LISTEN_BACKLOG = 4096
 class Session(Protocol):
     """One authenticated telemetry channel, as the ingest stage sees it."""
 
-    def handle(self, frame: Frame) -> Sequence[Frame]:
-        """Apply one frame; return frames to send back now. Raise WireError to reject it."""
+    def handle(self, frame: Frame) -> None:
+        """Apply one frame. Raise WireError to reject it."""
 
     async def flow(self) -> None:
         """Return when the session can take more (at once, unless it is over a bound)."""
@@ -73,10 +74,11 @@ class Session(Protocol):
     def received(self, nbytes: int) -> None:
         """``nbytes`` more bytes arrived on the channel (for per-node accounting)."""
 
-    ack_due: bool  # read after each chunk's frames: flush(force=False) has ACKs to write
+    def read_done(self) -> None:
+        """The frames of one read were all handled."""
 
-    def flush(self, *, force: bool) -> Sequence[Frame]:
-        """Gathered ACKs to write now: those due, or all (``force``: before the end)."""
+    def flush(self) -> None:
+        """The connection is about to end: write what waits (gathered ACKs)."""
 
     def closed(self, reason: str) -> None:
         """The channel is gone (for whatever reason); called exactly once."""
@@ -91,7 +93,7 @@ class SessionFactory(Protocol):
         send: Callable[[Frame], None],
     ) -> Session:
         """``close(reason)`` lets the ingest stage drop this connection (a newer one won);
-        ``send(frame)`` writes a frame to the agent later (an ACK after remote write)."""
+        ``send(frame)`` writes a frame to the agent (ACKs, HEARTBEATs)."""
 
 
 class SshServer:
@@ -290,11 +292,10 @@ class _TelemetryChannel:
             self._process.stdout.write(self._encoder.encode(frame))
 
     def _flush(self) -> None:
-        """Write every ACK the session gathered (the connection is about to end)."""
+        """The connection is about to end: the session writes what waits."""
         session = self._session
         if session is not None:
-            for frame in session.flush(force=True):
-                self._send(frame)
+            session.flush()
 
     def goodbye(self, reason: str) -> None:
         self._flush()
@@ -355,8 +356,7 @@ class _TelemetryChannel:
                 return handled + await self._handle_gated(session, frame, frames)
             if isinstance(frame, Hello) and self._server.admission is not None:
                 await self._admit(self._server.admission, frame)
-            for reply in session.handle(frame):
-                self._send(reply)
+            session.handle(frame)
         return handled
 
     async def _handle_gated(self, session: Session, first: Frame, rest: Iterator[Frame]) -> int:
@@ -371,8 +371,7 @@ class _TelemetryChannel:
             while frame is not None:
                 if self._session is None:
                     return handled  # closed while waiting
-                for reply in session.handle(frame):
-                    self._send(reply)
+                session.handle(frame)
                 frame = next(rest, None)
                 handled += frame is not None
             await asyncio.sleep(0)  # the next waiter runs in the next turn, after timers
@@ -405,9 +404,8 @@ class _TelemetryChannel:
                     self._partial_since = None
                 if decoder.pending and self._partial_since is None:
                     self._partial_since = asyncio.get_running_loop().time()
-                if handled and session.ack_due:  # a replay's ACK, or many: one per read
-                    for reply in session.flush(force=False):
-                        self._send(reply)
+                if handled:  # a replay's ACK, or many, are written once per read
+                    session.read_done()
                 await session.flow()  # held: stop reading, SSH flow control holds the agent
         except WireError as exc:
             self._server.protocol_errors[exc.code] += 1

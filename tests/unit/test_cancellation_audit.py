@@ -260,11 +260,11 @@ def test_product_code_never_calls_asyncio_wait_for() -> None:
 async def sending(writer: LosesOneCancellation | Held) -> Delivery:
     """A delivery whose one node's forwarder is in ``writer.send`` with a batch."""
     delivery = Delivery(remote_write=writer)  # type: ignore[arg-type]
-    session = delivery.open("n", log=LOG, send=lambda _f: None, failed=lambda _r: None)
-    session.take(
+    session = delivery.open("n", log=LOG, acknowledge=lambda _s: None, failed=lambda _r: None)
+    session.settle(
         1,
-        apply=lambda _duplicate: None,
-        collection=lambda: QueuedCollection(
+        session.judge(1),
+        QueuedCollection(
             seq=1, timestamp_ms=1, samples=[((("__name__", "x"),), 1.0)], replayed=False
         ),
     )

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from cloud_gateway.ingest.delivery import Delivery, DeliverySettings, NodeDelivery
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings, NodeDelivery, Verdict
 from cloud_gateway.remote_write.forwarder import QueuedCollection
 from gpurelay.wire import Ack, Frame
 
@@ -21,18 +21,22 @@ class Node:
         self.sent: list[Frame] = []
         self.closed: list[str] = []
         self.session: NodeDelivery = delivery.open(
-            name, log=LOG, send=self.sent.append, failed=self.closed.append
+            name, log=LOG, acknowledge=self._acknowledge, failed=self.closed.append
         )
 
+    def _acknowledge(self, seq: int) -> None:
+        self.sent.append(Ack(seq=seq))
+
     def take(self, seq: int) -> tuple[bool, Sequence[Frame]]:
-        taken = self.session.take(
-            seq,
-            apply=lambda duplicate: self.applied.append((seq, duplicate)),
-            collection=lambda: QueuedCollection(
-                seq=seq, timestamp_ms=seq, samples=[((("__name__", "x"),), 1.0)], replayed=False
-            ),
+        """What the session does with one BATCH: judge, apply, settle; (duplicate, the
+        ACKs due now)."""
+        verdict = self.session.judge(seq)
+        self.applied.append((seq, verdict.duplicate))
+        collection = QueuedCollection(
+            seq=seq, timestamp_ms=seq, samples=[((("__name__", "x"),), 1.0)], replayed=False
         )
-        return taken.duplicate, taken.acks
+        self.session.settle(seq, verdict, collection if verdict is Verdict.FORWARD else None)
+        return verdict.duplicate, (Ack(seq=seq),) if verdict.acknowledged_now else ()
 
 
 def test_a_new_seq_is_applied_and_acknowledged_at_once_without_remote_write() -> None:

@@ -10,6 +10,7 @@ import cramjam
 import httpx
 import pytest
 
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings
 from cloud_gateway.ingest.session import Ingest, NodeSession
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.remote_write.client import RemoteWriter
@@ -57,9 +58,10 @@ class Agent:
     """One session as the SSH channel drives it: frames in, replies and later ACKs out."""
 
     def __init__(self, ingest: Ingest) -> None:
-        self.acks: list[int] = []  # deferred ones, in order
+        self.acks: list[int] = []  # deferred ones (after the frame was handled), in order
+        self._now: list[int] | None = None  # while a frame is handled: its ACKs
         self.session: NodeSession = ingest.open_session(
-            NODE, "10.0.0.1:1", lambda reason: None, self._later
+            NODE, "10.0.0.1:1", lambda reason: None, self._sent
         )
         self.handle(Hello(agent_version="0.1.0", node=NODE, interval_seconds=10.0))
         decls = (
@@ -68,15 +70,18 @@ class Agent:
         )
         self.handle(Declare(series=decls))
 
-    def _later(self, frame: Frame) -> None:
+    def _sent(self, frame: Frame) -> None:
         assert isinstance(frame, Ack)
-        self.acks.append(frame.seq)
+        (self.acks if self._now is None else self._now).append(frame.seq)
 
     def handle(self, frame: Frame) -> list[int]:
-        """The seqs acknowledged at once."""
-        replies = self.session.handle(frame)
-        assert all(isinstance(r, Ack) for r in replies)
-        return [r.seq for r in replies if isinstance(r, Ack)]
+        """The seqs acknowledged at once (written while the frame was handled)."""
+        self._now = []
+        try:
+            self.session.handle(frame)
+            return self._now
+        finally:
+            self._now = None
 
     def batch(self, seq: int, *values: tuple[int, float]) -> list[int]:
         return self.handle(Batch(seq=seq, timestamp=T0 + seq, values=values))
@@ -99,9 +104,10 @@ def setup(receiver: Receiver | None = None, **kwargs: object) -> tuple[Registry,
     ingest = Ingest(
         registry,
         clock=lambda: T0,
-        remote_write=receiver.writer() if receiver else None,
-        retry_backoff=(0.01, 0.02),
-        **kwargs,  # type: ignore[arg-type]
+        delivery=Delivery(
+            DeliverySettings(retry_backoff=(0.01, 0.02), **kwargs),  # type: ignore[arg-type]
+            remote_write=receiver.writer() if receiver else None,
+        ),
     )
     return registry, ingest, Agent(ingest)
 

@@ -10,6 +10,7 @@ import asyncio
 import cramjam
 import httpx
 
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.config import LivenessPolicy
 from cloud_gateway.registry.store import Registry, StoreConfig
@@ -39,7 +40,7 @@ class Link:
         hello = Hello(
             agent_version="0", node=NODE, interval_seconds=interval, heartbeat_seconds=heartbeat
         )
-        self.sent += self.session.handle(hello)
+        self.session.handle(hello)
         decl = SeriesDecl(id=0, name="DCGM_FI_DEV_GPU_UTIL", type="gauge", help="", labels=())
         self.session.handle(Declare(series=(decl,)))
         self.seq = 0
@@ -51,7 +52,7 @@ class Link:
     def batch(self) -> None:
         self.seq += 1
         self.session.received(40)
-        self.sent += self.session.handle(Batch(seq=self.seq, timestamp=T0, values=((0, 1.0),)))
+        self.session.handle(Batch(seq=self.seq, timestamp=T0, values=((0, 1.0),)))
 
 
 def gateway(clock: Clock, *, remote_write: RemoteWriter | None = None) -> Ingest:
@@ -60,8 +61,7 @@ def gateway(clock: Clock, *, remote_write: RemoteWriter | None = None) -> Ingest
         registry,
         clock=lambda: T0 + clock.t,
         monotonic=clock,
-        remote_write=remote_write,
-        max_queued_batches=1,
+        delivery=Delivery(DeliverySettings(max_queued_batches=1), remote_write=remote_write),
     )
 
 

@@ -17,6 +17,7 @@ from cloud_gateway import config as gateway_config
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.http.bie import bie_document
+from cloud_gateway.ingest.delivery import Delivery, DeliverySettings
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.node_labels import stamp_node
 from cloud_gateway.registry.store import Registry, StoreConfig
@@ -174,9 +175,10 @@ async def test_replayed_series_get_the_gateways_spelling() -> None:
     """Remote write of a spooled collection: the same stamping as the live path."""
     receiver = Receiver()
     registry = Registry(StoreConfig(node_label="hostname"))
-    ingest = Ingest(
-        registry, clock=lambda: T0, remote_write=receiver.writer(), retry_backoff=(0.01, 0.02)
+    delivery = Delivery(
+        DeliverySettings(retry_backoff=(0.01, 0.02)), remote_write=receiver.writer()
     )
+    ingest = Ingest(registry, clock=lambda: T0, delivery=delivery)
     agent = Session(ingest)
     labels = (("gpu", "0"), ("Hostname", "someone-else"), ("NodeName", "someone-else"))
     data = RecordEncoder().encode(

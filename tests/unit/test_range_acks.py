@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import cramjam
 import httpx
 
 from cloud_gateway.ingest.acks import MAX_PENDING_ACKS
+from cloud_gateway.ingest.delivery import Delivery
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.remote_write.client import RemoteWriter
@@ -51,10 +53,20 @@ class Channel:
     """One agent's session as the SSH channel drives it: every frame written to the agent
     (replies, the end-of-read flush, and frames sent later), in order, with the time."""
 
-    def __init__(self, ingest: Ingest, clock: Clock, *, delay: float, heartbeat: float) -> None:
+    def __init__(
+        self,
+        ingest: Ingest,
+        clock: Clock,
+        *,
+        delay: float,
+        heartbeat: float,
+        write: Callable[[Frame], None] | None = None,
+    ) -> None:
         self.clock = clock
         self.written: list[tuple[float, Frame]] = []
-        self.session = ingest.open_session(NODE, "10.0.0.1:1", lambda reason: None, self._later)
+        self.session = ingest.open_session(
+            NODE, "10.0.0.1:1", lambda reason: None, write or self._later
+        )
         hello = Hello(
             agent_version="0",
             node=NODE,
@@ -74,11 +86,8 @@ class Channel:
         """One chunk read from the channel, carrying ``frames`` (what ssh_server does)."""
         self.session.received(100)
         for frame in frames:
-            for reply in self.session.handle(frame):
-                self._later(reply)
-        if self.session.ack_due:
-            for reply in self.session.flush(force=False):
-                self._later(reply)
+            self.session.handle(frame)
+        self.session.read_done()
 
     def batch(self, seq: int) -> None:
         self.sent_at[seq] = self.clock.t
@@ -112,7 +121,10 @@ class Channel:
 
 def gateway(clock: Clock, remote_write: RemoteWriter | None = None) -> Ingest:
     return Ingest(
-        Registry(), clock=lambda: T0 + clock.t, monotonic=clock, remote_write=remote_write
+        Registry(),
+        clock=lambda: T0 + clock.t,
+        monotonic=clock,
+        delivery=Delivery(remote_write=remote_write),
     )
 
 
@@ -144,7 +156,9 @@ def test_range_acks_write_one_frame_every_few_batches_instead_of_one_per_batch()
     acked = new.acked()
     assert acked == list(range(1, len(acked) + 1)) and len(acked) >= n - 4  # some still wait
     rest = [AckRanges(ranges=((len(acked) + 1, n),))] if len(acked) < n else []
-    assert list(new.session.flush(force=True)) == rest
+    before = len(new.written)
+    new.session.flush()
+    assert [f for _, f in new.written[before:]] == rest
     waited = [t - new.sent_at[s] for s, t in new.ack_times().items()]
     assert min(waited) >= 0.0 and max(waited) <= 3.0 + 1.0
     # ACKs stand in for HEARTBEATs: none after the first, right after HELLO
@@ -207,9 +221,13 @@ def test_everything_waiting_is_written_before_the_connection_ends() -> None:
     channel = Channel(ingest, clock, delay=3.0, heartbeat=3.0)
     for seq in (1, 2, 4):
         channel.batch(seq)
-    assert channel.session.flush(force=False) == ()
-    assert channel.session.flush(force=True) == [AckRanges(ranges=((1, 2), (4, 4)))]
-    assert channel.session.flush(force=True) == ()
+    assert channel.ack_frames() == []  # not due yet
+    channel.session.read_done()
+    assert channel.ack_frames() == []  # a read's end writes only ACKs due at once
+    channel.session.flush()
+    assert channel.ack_frames() == [AckRanges(ranges=((1, 2), (4, 4)))]
+    channel.session.flush()
+    assert channel.ack_frames() == [AckRanges(ranges=((1, 2), (4, 4)))]  # each once
 
 
 def test_an_older_agent_gets_one_ack_frame_per_batch_at_once() -> None:
@@ -292,20 +310,42 @@ def test_goodbye_and_close_write_the_waiting_acks_first() -> None:
     for end in ("goodbye", "close"):
         clock = Clock()
         ingest = gateway(clock)
-        channel = Channel(ingest, clock, delay=3.0, heartbeat=3.0)
-        channel.batch(1)
-        channel.batch(2)
         process = FakeProcess()
         server = SimpleNamespace(_limits=Limits())
         ssh = _TelemetryChannel(server, process, NODE, "10.0.0.1:1")  # type: ignore[arg-type]
+        channel = Channel(ingest, clock, delay=3.0, heartbeat=3.0, write=ssh._send)
         ssh._session = channel.session
+        channel.batch(1)
+        channel.batch(2)
+        assert process.frames() == [Heartbeat(received=0)]  # HELLO's; the ACKs wait
         if end == "goodbye":
             ssh.goodbye("gateway shutting down")
-            assert process.frames() == [
+            assert process.frames()[1:] == [
                 AckRanges(ranges=((1, 2),)),
                 Goodbye(reason="gateway shutting down"),
             ]
         else:
             ssh.close("silent for 9s")
-            assert process.frames() == [AckRanges(ranges=((1, 2),))]
+            assert process.frames()[1:] == [AckRanges(ranges=((1, 2),))]
             assert process.conn.closed == 1
+
+
+def test_gathered_acks_go_in_place_of_a_due_heartbeat() -> None:
+    """An agent may ask for heartbeats more often than its ACKs are due (HELLO allows any
+    pair): when a HEARTBEAT is due and ACKs wait, the ACKs go instead, not nothing (the
+    tick used to write neither until the ACKs were due: the agent heard nothing for 10 s
+    after asking every 3 s)."""
+    clock = Clock()
+    ingest = gateway(clock)
+    channel = Channel(ingest, clock, delay=10.0, heartbeat=3.0)
+    hello = clock.t  # the first HEARTBEAT went then
+    clock.t = hello + 0.5
+    channel.batch(1)
+    for t in (1.0, 2.0, 2.9):
+        clock.t = hello + t
+        ingest.sweep()
+    assert channel.ack_frames() == []  # nothing was due yet
+    clock.t = hello + 3.0
+    ingest.sweep()
+    assert channel.ack_frames() == [AckRanges(ranges=((1, 1),))]
+    assert [f for _, f in channel.written if isinstance(f, Heartbeat)] == [Heartbeat(received=0)]
