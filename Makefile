@@ -53,7 +53,7 @@ fuzz: $(STAMP)
 	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 # The kubelet pod-resources stubs (edge_agent/podresources/api_pb2*.py) from api.proto;
-# tests/unit/test_podresources_protos.py fails when the committed ones are stale.
+# tests/unit/agent/test_podresources_protos.py fails when the committed ones are stale.
 protos: $(STAMP)
 	$(BIN)/python -m harness.protos
 

@@ -4,7 +4,7 @@ then the ``/metrics`` exposition of whatever was accepted.
 
 Contract: nothing but :class:`~gpurelay.wire.WireError` leaves decode and ingest, and the
 exposition still renders and parses as Prometheus text. The fuzzing counterpart of
-``tests/unit/test_gateway_fuzz.py``; slower per input than ``frames.py`` (it builds a
+``tests/unit/gateway/test_gateway_fuzz.py``; slower per input than ``frames.py`` (it builds a
 registry and renders it), so it finds less per second but looks further.
 
 Input: a control byte (``common.py``: plain form, small limits, chunking), then the stream.

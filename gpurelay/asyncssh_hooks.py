@@ -27,7 +27,7 @@ running (refusals would go uncounted, the gateway would lose its revocation chec
 Instead :func:`verify_asyncssh` runs when this module is imported and raises
 :class:`AsyncsshChanged` naming what moved, so neither binary starts against an asyncssh
 it was not checked with. ``pyproject.toml`` holds asyncssh below 3, and
-``tests/unit/test_asyncssh_hooks.py`` checks the signatures and runs both hooks on a real
+``tests/unit/core/test_asyncssh_hooks.py`` checks the signatures and runs both hooks on a real
 connection. End to end, ``tests/integration/test_tunnel_e2e.py`` (refusal reasons,
 revocation) and ``tests/integration/test_proxy.py`` (``proxy_refused``) cover them too.
 """

@@ -1,7 +1,7 @@
 """The pod-resources stubs, generated from ``edge_agent/podresources/api.proto``.
 
 ``make protos`` (``python -m harness.protos``) regenerates them in place with grpcio-tools;
-``tests/unit/test_podresources_protos.py`` generates them into a temporary directory and
+``tests/unit/agent/test_podresources_protos.py`` generates them into a temporary directory and
 fails when the committed files differ.
 """
 

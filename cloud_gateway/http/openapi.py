@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description served at ``/openapi.json``, generated from the response
 models the handlers build (:mod:`cloud_gateway.http.models`) and the route table below, so
 the two cannot drift apart: a route of :func:`cloud_gateway.http.api.make_app` missing
-here fails tests/unit/test_openapi.py, a key a handler sends that its model lacks fails
+here fails tests/unit/gateway/http/test_openapi.py, a key a handler sends that its model lacks fails
 mypy, and tests/integration/test_api_schemathesis.py checks a live gateway's answers
 against this document."""
 

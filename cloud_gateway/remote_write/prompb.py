@@ -10,12 +10,13 @@ request bodies out. The messages, from prometheus/prompb ``remote.proto`` and
     Sample       { double value = 1; int64 timestamp = 2; }
 
 Written by hand rather than generated: the bytes are identical to what the ``protobuf``
-package serialises (``tests/unit/test_prompb.py`` parses them with it and compares), and
-faster than building the message with it: the label fields of a series are encoded once
-and cached, as the same series are sent every collection (``bench/remote_write_encode.py``:
-3.3x for a 2000-sample replay request, 9x for a live 740-series collection, 1.5x with
-every cache cold). The gateway does not import ``protobuf`` for remote write; the
-package is installed at runtime for the agent's kubelet pod-resources client (gRPC).
+package serialises (``tests/unit/gateway/remote_write/test_prompb.py`` parses them with
+it and compares), and faster than building the message with it: the label fields of a
+series are encoded once and cached, as the same series are sent every collection
+(``bench/remote_write_encode.py``: 3.3x for a 2000-sample replay request, 9x for a live
+740-series collection, 1.5x with every cache cold). The gateway does not import
+``protobuf`` for remote write; the package is installed at runtime for the agent's
+kubelet pod-resources client (gRPC).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from tests.integration.test_prometheus_e2e import (
     PromQL,
     substituted,
 )
-from tests.unit.test_attribute import FakeEngine
+from tests.unit.agent.test_attribute import FakeEngine
 
 RULES = DEPLOY / "per-container-exporter-compat.rules.yml"
 EXPORTER_LABELS = {"container_id", "container_name", "gpu", "pid", "unit"}

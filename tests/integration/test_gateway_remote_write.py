@@ -28,7 +28,7 @@ from harness.fleet import (
 )
 from harness.waiting import wait_for
 from tests.promtool_support import unexpected_findings
-from tests.unit.test_prompb import decode_write_request
+from tests.unit.gateway.remote_write.test_prompb import decode_write_request
 
 NODE = "edge-rw"
 

@@ -38,7 +38,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 # Every Prometheus config shipped there goes through `promtool check config` below; rule
 # files (*.rules.yml) through `promtool check rules` in their own tests.
 # Prometheus configurations, not rule files (a rule file's top level is ``groups:``;
-# tests/unit/test_alert_rules.py and test_exporter_compat_rules.py check those).
+# tests/unit/deploy/test_alert_rules.py and test_exporter_compat_rules.py check those).
 SHIPPED = tuple(
     sorted(
         p.name

@@ -1,6 +1,6 @@
 """What stops at shutdown stops, even when a cancellation was lost on the way.
 
-The 78-minute CI hang (see gpurelay.tasks and tests/unit/test_tunnel_cancel.py) was a
+The 78-minute CI hang (see gpurelay.tasks and tests/unit/agent/test_tunnel_cancel.py) was a
 cancellation lost in a retry loop and a shutdown that awaited that loop without a bound.
 These tests put a lost cancellation in the other places that await a task at shutdown:
 the gateway's remote write forwarders (Gateway.shutdown -> Ingest.aclose ->

@@ -11,7 +11,7 @@ registry stays as it is (it only has to track the families named in
 Values are float32 in ``array`` rings, not Python floats in deques: a sample of one GPU
 costs 8 bytes (two float32), plus 8 for its time per node: 1,000 nodes of 8 GPUs at 120
 samples hold 8.2 MiB of values, 11 MiB with the dicts and arrays around them (measured
-with tracemalloc; tests/unit/test_ui.py bounds it).
+with tracemalloc; tests/unit/gateway/http/test_ui.py bounds it).
 A node the registry forgets (now another gateway's) loses its ring on the next tick.
 
 Which series is which device: a ``gpu`` label names the physical GPU, and on a MIG GPU

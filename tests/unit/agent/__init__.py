@@ -1,0 +1,1 @@
+"""The edge agent's units."""

@@ -1,0 +1,1 @@
+"""The shared core's units (gpurelay)."""

@@ -1,0 +1,1 @@
+"""What deploy/ ships, and the docs that describe it."""

@@ -1,0 +1,1 @@
+"""The gateway's units: one folder per stage, as cloud_gateway/ is; here what wires them."""

@@ -1,0 +1,1 @@
+"""The gateway stage cluster: its unit tests."""

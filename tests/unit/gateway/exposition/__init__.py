@@ -1,0 +1,1 @@
+"""The gateway stage exposition: its unit tests."""

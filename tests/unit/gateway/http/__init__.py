@@ -1,0 +1,1 @@
+"""The gateway stage http: its unit tests."""

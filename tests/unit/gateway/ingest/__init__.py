@@ -1,0 +1,1 @@
+"""The gateway stage ingest: its unit tests."""

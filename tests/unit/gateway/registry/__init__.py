@@ -1,0 +1,1 @@
+"""The gateway stage registry: its unit tests."""

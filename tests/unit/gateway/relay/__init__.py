@@ -1,0 +1,1 @@
+"""The gateway stage relay: its unit tests."""

@@ -1,0 +1,1 @@
+"""The gateway stage remote_write: its unit tests."""

@@ -1,0 +1,1 @@
+"""The gateway stage ssh: its unit tests."""

@@ -1,0 +1,1 @@
+"""The gateway stage trust: its unit tests."""
