@@ -25,26 +25,31 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncssh
 from aiohttp import web
 
+from cloud_gateway import __version__
 from cloud_gateway.cluster.config import peer_tls
 from cloud_gateway.cluster.directory import DirectoryError
 from cloud_gateway.cluster.link import DirectoryLink
+from cloud_gateway.cluster.membership import cluster_families
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.errors import GatewayConfigError, GatewayError
 from cloud_gateway.exposition.body import Exposition
 from cloud_gateway.fd_budget import http_cap
-from cloud_gateway.gateway_metrics import gateway_families
+from cloud_gateway.http.api import families as http_families
 from cloud_gateway.http.api import make_app
 from cloud_gateway.http.state import HttpState
 from cloud_gateway.http.ui.history import UI_FAMILIES
 from cloud_gateway.ingest.delivery import Delivery, DeliverySettings
 from cloud_gateway.ingest.session import Ingest
 from cloud_gateway.listener import ConnectionGuard, GuardedSite
+from cloud_gateway.metrics import one
 from cloud_gateway.registry.store import FB_FAMILIES, NodeState, Registry, StoreConfig
+from cloud_gateway.registry.types import state_families
 from cloud_gateway.relay.endpoints import EndpointTable
 from cloud_gateway.relay.peers import PeerClient, start_peer_listener
 from cloud_gateway.relay.relay import Relay
 from cloud_gateway.remote_write.client import RemoteWriter
 from cloud_gateway.remote_write.config import check_remote_write
+from cloud_gateway.remote_write.forwarder import remote_write_families
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh.balancer_listener import proxied_listener
 from cloud_gateway.ssh.config import parse_sibling_rules
@@ -335,30 +340,23 @@ class Gateway:
 
     def _publish_gateway_families(self, states: Mapping[str, NodeState]) -> None:
         assert self.ssh is not None
-        self.exposition.set_extra(
-            gateway_families(
-                states=states,
-                auth_failures=self.ssh.policy.failures,
-                protocol_errors=self.ssh.protocol_errors,
-                proxy_refused=self.ssh.proxied.refused if self.ssh.proxied else None,
-                ingest=self.ingest.stats,
-                channels=self.ssh.channels,
-                bodies_built=self.exposition.bodies_built,
-                http_requests=self.http.requests,
-                http_connections=self.connections.stats,
-                http_auth_failures=self.http.auth_failures,
-                proxy_requests=self.relay.requests,
-                published=self.endpoints.count(),
-                publish_refused=self.endpoints.refused,
-                remote_write=self.remote_write.stats if self.remote_write else None,
-                forwarding=self.ingest.forward_stats,
-                cluster=self.link.cluster,
-                peer_connections=self.peer_guard.stats if self.peer_guard else None,
-                certificates=self.certificates.family(self.registry.config.node_label),
-                issued=self.ssh.policy.enrollment.issued if self.ssh.policy.enrollment else None,
-            ),
-            histograms=self.self_metrics,
-        )
+        """The gateway's own families, each stage's from its own ``families()``."""
+        families = [
+            one("gpurelay_gateway_info", 1, (("version", __version__),)),
+            *state_families(states),
+            *self.ssh.families(),
+            *self.ingest.stats.families(),
+            *self.exposition.families(),
+            *http_families(self.http, self.connections.stats),
+            *self.relay.families(),
+        ]
+        if self.remote_write is not None:
+            families += remote_write_families(self.remote_write.stats, self.ingest.forward_stats)
+        if self.link.cluster is not None:
+            peers = self.peer_guard.stats if self.peer_guard else None
+            families += cluster_families(self.link.cluster, peers)
+        families.append(self.certificates.family(self.registry.config.node_label))
+        self.exposition.set_extra(families, histograms=self.self_metrics)
         self.exposition.set_orphans(self.link.orphans())  # the leader's: dead gateways' nodes
 
     async def run(self) -> None:

@@ -4,7 +4,7 @@ Two kinds of self-metrics, two tools, each where it serves:
 
 - **Snapshots of counters and gauges** (batches, bytes, nodes by state, remote write
   stats, ...) are built fresh from the stages' stats on each refresh by
-  :mod:`cloud_gateway.gateway_metrics` — the custom-collector pattern of
+  :mod:`cloud_gateway.metrics` — the custom-collector pattern of
   ``prometheus_client`` — in our own :class:`~gpurelay.model.Family` type, so they share
   the one renderer (and its OpenMetrics rule for counters) with the fleet's series.
 - **Distributions** (how long a batch takes to apply, how long a proxied scrape takes)

@@ -31,7 +31,7 @@ LONG_ON_PURPOSE = {"edge_agent/sim/nvml.py"}
 # imports run the other way where a stage calls the one below it (ingest is handed its
 # sessions by ssh but imports ssh's login types, so it sits above ssh).
 GATEWAY_STAGES: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "names", "self_metrics", "listener", "fd_budget"),  # shared by all
+    ("__init__", "data", "errors", "names", "metrics", "self_metrics", "listener", "fd_budget"),
     ("trust",),  # certificates, policy, revocation, signing
     ("registry",),  # the pure store of nodes and series
     ("exposition",),  # /metrics from the registry
@@ -43,7 +43,7 @@ GATEWAY_STAGES: tuple[tuple[str, ...], ...] = (
     ("http",),  # the HTTP port: API, page, auth
     ("commands",),  # the operator's commands
     ("config",),  # assembles each stage's own section
-    ("gateway_metrics", "app"),  # wires the stages
+    ("app",),  # wires the stages, lists their families once
     ("cli", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(GATEWAY_STAGES) for name in names}

@@ -58,6 +58,8 @@ from cloud_gateway.cluster.limits import (
 )
 from cloud_gateway.cluster.members import DuplicateGateway
 from cloud_gateway.cluster.store_pg import Member, PostgresDirectory
+from cloud_gateway.listener import CLOSE_REASONS, ConnectionStats
+from cloud_gateway.metrics import FamilySamples, fixed, one
 
 # importable from here, where they were defined before cluster_limits
 __all__ = [
@@ -498,3 +500,40 @@ class Cluster:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+
+DIRECTORY_OPERATIONS = ("claim", "release", "heartbeat", "listen", "entries", "leader")
+
+
+def cluster_families(cluster: Cluster, peers: ConnectionStats | None = None) -> list[FamilySamples]:
+    """The cluster's own metrics (only with ``[cluster] database``); ``peers``: the peer
+    listener's connections (none before it listens)."""
+    stats = cluster.stats
+    members = sum(1 for m in cluster.members if m.alive(cluster.ttl_seconds))
+    peers = peers or ConnectionStats()
+    return [
+        one("gpurelay_gateway_cluster_members", members),
+        one("gpurelay_gateway_cluster_owned_nodes", len(cluster.owned)),
+        one("gpurelay_gateway_cluster_claims_total", stats.claims),
+        one("gpurelay_gateway_cluster_claims_throttled_total", stats.claims_throttled),
+        one("gpurelay_gateway_cluster_peer_connections", peers.open),
+        fixed(
+            "gpurelay_gateway_cluster_peer_connections_closed_total",
+            "reason",
+            peers.closed,
+            CLOSE_REASONS,
+            zeros=True,
+        ),
+        one("gpurelay_gateway_cluster_lost_claims_total", stats.lost_claims),
+        one("gpurelay_gateway_cluster_fencing_events_total", stats.fencing_events),
+        one("gpurelay_gateway_cluster_duplicate_id_total", stats.duplicate_ids),
+        fixed(
+            "gpurelay_gateway_cluster_directory_errors_total",
+            "operation",
+            stats.directory_errors,
+            DIRECTORY_OPERATIONS,
+            zeros=True,
+        ),
+        one("gpurelay_gateway_cluster_leader", int(cluster.leader)),
+        one("gpurelay_gateway_cluster_fenced", int(cluster.fenced)),
+    ]

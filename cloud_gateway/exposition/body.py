@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Final
 from cloud_gateway.exposition.gzip_members import GZIP_HEADER, Deflated, trailer
 from cloud_gateway.exposition.pieces import Piece, pack, pack_parallel, versions_of
 from cloud_gateway.exposition.shard_cache import ShardCache
+from cloud_gateway.metrics import FamilySamples, one
 from cloud_gateway.registry.lines import TEXT_LINES  # noqa: F401 (its users import it here)
 from cloud_gateway.registry.types import NODE_STATES
 from gpurelay.exposition import (
@@ -90,7 +91,6 @@ NODE_FAMILIES: Final = (NODE_UP, NODE_STATE, NODE_LAST_SEEN, NODE_LATE_AFTER)
 # A family of set_extra named so is about one node per series (labelled with the node label),
 # not about the gateway: it goes with the node families, in its nodes' shards.
 NODE_PREFIX: Final = "gpurelay_node_"
-FamilySamples = tuple[Family, Sequence[Sample]]
 NodeLines = tuple[Family, tuple[tuple[str, bytes], ...]]  # (node, its sample lines) in order
 
 
@@ -162,6 +162,10 @@ class Exposition:
     @property
     def generation(self) -> tuple[int, int]:
         return (self.registry.generation, self._extra_generation)
+
+    def families(self) -> list[FamilySamples]:
+        """The exposition stage's own metric: how often the body was rebuilt."""
+        return [one("gpurelay_gateway_metrics_bodies_built_total", self.bodies_built)]
 
     def set_extra(
         self, families: Iterable[FamilySamples], *, histograms: SelfMetrics | None = None

@@ -22,7 +22,7 @@ from yarl import URL
 
 from cloud_gateway.exposition.body import Body
 from cloud_gateway.exposition.shards import ShardError, parse_shard
-from cloud_gateway.http.auth import authorised, page_authorised
+from cloud_gateway.http.auth import AUTH_FAILURE_REASONS, authorised, page_authorised
 from cloud_gateway.http.bie import bie_document
 from cloud_gateway.http.fleet_documents import (
     entry_document,
@@ -42,6 +42,8 @@ from cloud_gateway.http.models import (
 from cloud_gateway.http.openapi import document
 from cloud_gateway.http.state import OTHER, STATE, HttpState, error_response, route_template
 from cloud_gateway.http.ui import pages as ui
+from cloud_gateway.listener import CLOSE_REASONS, ConnectionStats
+from cloud_gateway.metrics import FamilySamples, fixed, one
 from cloud_gateway.registry.store import NodeView
 from cloud_gateway.registry.types import NODE_STATES
 from cloud_gateway.relay.endpoints import EndpointTable
@@ -388,6 +390,31 @@ ENDPOINTS = (
     "proxy",
     OTHER,
 )
+
+
+def families(state: HttpState, connections: ConnectionStats) -> list[FamilySamples]:
+    """The HTTP port's own metrics: requests by route, refused credentials, connections."""
+    return [
+        fixed("gpurelay_gateway_http_requests_total", "endpoint", state.requests, ENDPOINTS),
+        one("gpurelay_gateway_http_connections", connections.open),
+        fixed(
+            "gpurelay_gateway_http_connections_closed_total",
+            "reason",
+            connections.closed,
+            CLOSE_REASONS,
+            zeros=True,
+        ),
+        fixed(
+            "gpurelay_gateway_http_auth_failures_total",
+            "reason",
+            state.auth_failures,
+            AUTH_FAILURE_REASONS,
+            zeros=True,
+        ),
+        one(
+            "gpurelay_gateway_http_tls_handshake_failures_total", connections.tls_handshake_failures
+        ),
+    ]
 
 
 def make_app(state: HttpState) -> web.Application:

@@ -33,6 +33,8 @@ from typing import Final
 
 from cloud_gateway.ingest.acks import Acknowledger
 from cloud_gateway.ingest.delivery import Delivery, NodeDelivery, Verdict
+from cloud_gateway.metrics import FamilySamples, fixed, one
+from cloud_gateway.registry.series_policy import REFUSAL_CODES
 from cloud_gateway.registry.store import Registry, StaleConnection, stamp_node
 from cloud_gateway.remote_write.forwarder import QueuedCollection
 from cloud_gateway.self_metrics import SelfMetrics
@@ -62,6 +64,27 @@ class IngestStats:
     ack_frames: int = 0  # ACK and ACK_RANGES frames sent
     batch_seconds: float = 0.0  # CPU-ish time spent applying batches (perf_counter)
     replay_seconds: float = 0.0  # same for replays (decode, and samples for remote write)
+
+    def families(self) -> list[FamilySamples]:
+        """The ingest stage's own metrics."""
+        return [
+            one("gpurelay_gateway_batches_total", self.batches),
+            one("gpurelay_gateway_replayed_batches_total", self.replays),
+            one("gpurelay_gateway_duplicate_batches_total", self.duplicates),
+            one("gpurelay_gateway_received_bytes_total", self.bytes),
+            fixed(
+                "gpurelay_gateway_rejected_series_total",
+                "reason",
+                self.rejected_series,
+                REFUSAL_CODES,
+            ),
+            one("gpurelay_gateway_replaced_connections_total", self.replaced_connections),
+            one("gpurelay_gateway_connection_conflicts_total", self.connection_conflicts),
+            one("gpurelay_gateway_help_conflicts_total", self.help_conflicts),
+            one("gpurelay_gateway_silent_connections_closed_total", self.silent_closed),
+            one("gpurelay_gateway_heartbeats_sent_total", self.heartbeats),
+            one("gpurelay_gateway_ack_frames_total", self.ack_frames),
+        ]
 
 
 class Ingest:

@@ -5,15 +5,26 @@ gateway's own metrics) need not import the store itself."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple, Protocol, get_args
 
+from cloud_gateway.metrics import FamilySamples, by
 from cloud_gateway.registry.config import LivenessPolicy
 from gpurelay.model import GpuInventory, Labels
 
 NodeState = Literal["online", "stale", "offline"]
 NODE_STATES: Final[tuple[NodeState, ...]] = get_args(NodeState)  # the one list of them
+
+
+def state_families(states: Mapping[str, NodeState]) -> list[FamilySamples]:
+    """The registry's own metric: nodes known, by state (every state, 0 included)."""
+    by_state: dict[str, int] = dict.fromkeys(NODE_STATES, 0)
+    for state in states.values():
+        by_state[state] += 1
+    return [by("gpurelay_gateway_nodes", "state", by_state)]
+
+
 FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import asyncssh
 
+from cloud_gateway.metrics import FamilySamples, one
 from cloud_gateway.names import node_name_problem
 
 log = logging.getLogger("cloud_gateway.endpoints")
@@ -132,6 +133,13 @@ class EndpointTable:
 
     def count(self) -> int:
         return len(self._by_key)
+
+    def families(self) -> list[FamilySamples]:
+        """Endpoints reachable now, and those refused."""
+        return [
+            one("gpurelay_gateway_published_endpoints", self.count()),
+            one("gpurelay_gateway_publish_refused_total", self.refused),
+        ]
 
     def names(self) -> set[str]:
         return {n for n, _ in self._by_key}

@@ -46,12 +46,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 import asyncssh
 import h11
 from aiohttp import web
 from yarl import URL
 
+from cloud_gateway.metrics import FamilySamples, fixed
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.relay.endpoints import EndpointTable
 from cloud_gateway.relay.peers import PeerClient
@@ -94,6 +96,8 @@ _DROP_RESPONSE = frozenset(
         "Content-Length",
     )
 )
+
+HTTP_STATUSES = tuple(str(int(s)) for s in HTTPStatus)  # code label values
 
 
 class RelayError(Exception):
@@ -161,6 +165,14 @@ class Relay:
     # http.proxy_methods: what is relayed; any other method is a 405.
     methods: tuple[str, ...] = ("GET", "HEAD")
     _idle: dict[tuple[str, int], list[UpstreamChannel]] = field(default_factory=dict)
+
+    def families(self) -> list[FamilySamples]:
+        """The relay's own metrics: requests by the status returned, endpoints."""
+        codes = {str(code): count for code, count in self.requests.items()}
+        return [
+            fixed("gpurelay_gateway_proxy_requests_total", "code", codes, HTTP_STATUSES),
+            *self.endpoints.families(),
+        ]
 
     def resolve(self, node: str, port: int) -> asyncssh.SSHServerConnection:
         endpoint = self.endpoints.lookup(node, port)

@@ -38,9 +38,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from cloud_gateway.metrics import FamilySamples, one
 from cloud_gateway.remote_write.client import (
     RemoteWriter,
     RemoteWriteRejected,
+    RemoteWriteStats,
     RemoteWriteUnavailable,
 )
 from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES, RemoteWriteConfig
@@ -257,3 +259,20 @@ class Forwarder:
             self._delivered(c.seq)
         if len(self._queue) <= self._max_queued:
             self._room.set()
+
+
+def remote_write_families(rw: RemoteWriteStats, fwd: ForwardStats) -> list[FamilySamples]:
+    """Remote write's own metrics (only while it is configured)."""
+    return [
+        one("gpurelay_gateway_remote_write_queued_batches", fwd.queued),
+        one("gpurelay_gateway_remote_write_pending_samples", rw.pending_samples),
+        one("gpurelay_gateway_remote_write_sent_samples_total", rw.sent_samples),
+        one("gpurelay_gateway_remote_write_failed_samples_total", rw.failed_samples),
+        one("gpurelay_gateway_remote_write_sent_requests_total", rw.sent_requests),
+        one("gpurelay_gateway_remote_write_retried_requests_total", rw.retried_requests),
+        one("gpurelay_gateway_remote_write_rejected_requests_total", rw.rejected_requests),
+        one("gpurelay_gateway_remote_write_dropped_batches_total", fwd.dropped),
+        one("gpurelay_gateway_remote_write_request_duration_seconds_total", rw.latency_seconds_sum),
+        one("gpurelay_gateway_remote_write_responses_total", rw.latency_seconds_count),
+        one("gpurelay_gateway_remote_write_last_request_duration_seconds", rw.last_latency_seconds),
+    ]

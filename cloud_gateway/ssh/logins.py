@@ -21,13 +21,18 @@ import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.relay.endpoints import EndpointTable, PublishedListener
+from cloud_gateway.ssh.enrollment import REFUSALS as ENROLL_REFUSALS
 from cloud_gateway.ssh.enrollment import Enrollment, EnrollmentLogin
-from cloud_gateway.trust.auth_policy import check_user_certificate, describe
+from cloud_gateway.trust.auth_policy import REASONS, check_user_certificate, describe
 from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher
 from gpurelay.asyncssh_hooks import hook_certificate_validation, hook_undecodable_certificate
 from gpurelay.logs import node_logger
 
 log = logging.getLogger("cloud_gateway.ssh_server")  # the server's lines, wherever written
+
+# gpurelay_gateway_auth_failures_total{reason}: the certificate checks', the two asyncssh
+# refusals before them, and enrollment's (anything else is counted as "other").
+AUTH_REASONS: tuple[str, ...] = (*REASONS, "bad_certificate", "not_a_certificate", *ENROLL_REFUSALS)
 
 
 def node_log(node: str) -> logging.Logger:

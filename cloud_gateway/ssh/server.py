@@ -33,10 +33,12 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 
 from cloud_gateway.cluster.admission import Admission, AdmissionRefused
 from cloud_gateway.errors import listen_error
+from cloud_gateway.metrics import FamilySamples, fixed, one
 from cloud_gateway.relay.endpoints import EndpointTable
+from cloud_gateway.ssh.balancer_header import REFUSALS
 from cloud_gateway.ssh.balancer_listener import ProxiedListener
 from cloud_gateway.ssh.enrollment import serve_enrollment, wants_enrollment
-from cloud_gateway.ssh.logins import CertificatePolicy, ConnectionAuth, node_log
+from cloud_gateway.ssh.logins import AUTH_REASONS, CertificatePolicy, ConnectionAuth, node_log
 from cloud_gateway.trust.auth_policy import describe
 from gpurelay.enrollment import EXIT_REFUSED, error_line
 from gpurelay.wire import (
@@ -52,6 +54,7 @@ from gpurelay.wire import (
     Limits,
     WireError,
 )
+from gpurelay.wire.frames import WIRE_ERROR_CODES
 
 log = logging.getLogger("cloud_gateway.ssh_server")
 
@@ -244,6 +247,48 @@ class SshServer:
     @property
     def channels(self) -> int:
         return len(self._channels)
+
+    def families(self) -> list[FamilySamples]:
+        """The SSH port's own metrics: refused logins, protocol errors, open channels, and
+        (when on) refused PROXY headers and certificates issued by enrollment."""
+        families = [
+            fixed(
+                "gpurelay_gateway_auth_failures_total",
+                "reason",
+                self.policy.failures,
+                AUTH_REASONS,
+                zeros=True,
+            ),
+            fixed(
+                "gpurelay_gateway_protocol_errors_total",
+                "code",
+                self.protocol_errors,
+                WIRE_ERROR_CODES,
+            ),
+            one("gpurelay_gateway_channels", self.channels),
+        ]
+        if self.proxied is not None:  # ssh.proxy_protocol on
+            families.append(
+                fixed(
+                    "gpurelay_gateway_proxy_header_refused_total",
+                    "reason",
+                    self.proxied.refused,
+                    REFUSALS,
+                    zeros=True,
+                )
+            )
+        enrollment = self.policy.enrollment
+        if enrollment is not None:  # [enroll] on
+            families.append(
+                fixed(
+                    "gpurelay_gateway_certificates_issued_total",
+                    "reason",
+                    enrollment.issued,
+                    ("enroll", "renew"),
+                    zeros=True,
+                )
+            )
+        return families
 
     def let_go(self, reason: str, node: str | None = None) -> int:
         """GOODBYE to every agent (or ``node``'s) and close: they reconnect, through the

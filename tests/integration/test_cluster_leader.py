@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from cloud_gateway.cluster.membership import Cluster
+from cloud_gateway.cluster.membership import Cluster, cluster_families
 from cloud_gateway.cluster.store_pg import PostgresDirectory
-from cloud_gateway.gateway_metrics import cluster_families
 from tests.integration.test_cluster_membership import FACTS, Member
 
 

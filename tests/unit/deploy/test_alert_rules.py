@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cloud_gateway import gateway_metrics
 from cloud_gateway.exposition import body as exposition
+from cloud_gateway.metrics import catalogue
 from cloud_gateway.trust import cert_expiry
 from edge_agent import outbox
 from gpurelay.model import Family
@@ -100,7 +100,8 @@ def exported_names() -> set[str]:
     """The families the gateway and the agent define (their Family objects), and the DCGM
     fields of the agent's default catalogue."""
     names: set[str] = set()
-    for module in (gateway_metrics, exposition, cert_expiry, outbox):
+    names.update(catalogue())  # the gateway's own, cloud_gateway/data/gateway_families.csv
+    for module in (exposition, cert_expiry, outbox):
         for value in vars(module).values():
             for item in value if isinstance(value, tuple) else (value,):
                 if isinstance(item, Family):

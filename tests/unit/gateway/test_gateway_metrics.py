@@ -3,32 +3,77 @@ values from fixed sets only."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_gateway.exposition.body import Exposition
-from cloud_gateway.gateway_metrics import AUTH_REASONS, gateway_families
 from cloud_gateway.http.api import ENDPOINTS, HttpState, make_app
-from cloud_gateway.ingest.session import IngestStats
+from cloud_gateway.http.api import families as http_families
+from cloud_gateway.ingest.session import Ingest, IngestStats
+from cloud_gateway.listener import ConnectionStats
+from cloud_gateway.metrics import FamilySamples, catalogue, one
 from cloud_gateway.registry.store import Registry
+from cloud_gateway.registry.types import state_families
+from cloud_gateway.relay.endpoints import EndpointTable
+from cloud_gateway.relay.relay import Relay
 from cloud_gateway.remote_write.client import RemoteWriteStats
-from cloud_gateway.remote_write.forwarder import ForwardStats
+from cloud_gateway.remote_write.forwarder import ForwardStats, remote_write_families
+from cloud_gateway.ssh.logins import AUTH_REASONS, CertificatePolicy
+from cloud_gateway.ssh.server import SshServer
+from gpurelay.wire import Limits
 from tests.promtool_support import unexpected_findings
+
+
+def own_families(
+    *,
+    ingest: IngestStats | None = None,
+    http_requests: dict[str, int] | None = None,
+    protocol_errors: dict[str, int] | None = None,
+    auth_failures: dict[str, int] | None = None,
+    proxy_requests: dict[int, int] | None = None,
+    remote_write: RemoteWriteStats | None = None,
+    forwarding: ForwardStats | None = None,
+) -> list[FamilySamples]:
+    """The gateway's own families as app.py lists them, each from its stage, over stages
+    holding these counts."""
+    registry = Registry()
+    ssh = SshServer(
+        host_keys=[],
+        policy=CertificatePolicy(trusted_cas=[], failures=Counter(auth_failures or {})),
+        sessions=Ingest(registry),
+        limits=Limits(),
+    )
+    ssh.protocol_errors.update(protocol_errors or {})
+    http = HttpState(
+        registry=registry,
+        exposition=Exposition(registry),
+        tokens=frozenset(),
+        requests=dict(http_requests or {}),
+    )
+    relay = Relay(registry, EndpointTable(), requests=Counter(proxy_requests or {}))
+    families = [
+        *state_families({}),
+        *ssh.families(),
+        *(ingest or IngestStats()).families(),
+        *http.exposition.families(),
+        *http_families(http, ConnectionStats()),
+        *relay.families(),
+    ]
+    if remote_write is not None:
+        families += remote_write_families(remote_write, forwarding or ForwardStats())
+    return families
 
 
 def body(remote_write: RemoteWriteStats | None, forwarding: ForwardStats | None = None) -> str:
     exposition = Exposition(Registry())
     exposition.set_extra(
-        gateway_families(
-            states={},
-            auth_failures={},
-            protocol_errors={},
+        own_families(
             ingest=IngestStats(batches=5, replays=7, duplicates=2),
-            channels=1,
-            bodies_built=0,
-            http_requests={},
             remote_write=remote_write,
             forwarding=forwarding,
         )
@@ -80,17 +125,8 @@ def test_remote_write_families(promtool: Path) -> None:
 
 def labelled(**stats: Any) -> dict[str, dict[str, float]]:
     """family -> {label value -> value} of the gateway's one-label families."""
-    args: dict[str, Any] = {
-        "states": {},
-        "auth_failures": {},
-        "protocol_errors": {},
-        "ingest": IngestStats(),
-        "channels": 0,
-        "bodies_built": 0,
-        "http_requests": {},
-    }
     exposition = Exposition(Registry())
-    exposition.set_extra(gateway_families(**(args | stats)))
+    exposition.set_extra(own_families(**stats))
     text = exposition.body(openmetrics=False, gzip=False).decode()
     found: dict[str, dict[str, float]] = {}
     for fam in text_string_to_metric_families(text):
@@ -137,3 +173,25 @@ def test_every_route_is_an_endpoint_label_value() -> None:
     )
     templates = {r.canonical for r in app.router.resources()}
     assert templates | {"proxy", "other"} == set(ENDPOINTS)
+
+
+def test_the_catalogue_and_the_stages_name_the_same_families() -> None:
+    """Every gpurelay_gateway_* family is a line of cloud_gateway/data/gateway_families.csv
+    (its TYPE and HELP) and is reported by the code of one stage (no dead line, no family
+    a stage makes up: family() would raise KeyError at the first scrape)."""
+    root = Path(__file__).resolve().parents[3] / "cloud_gateway"
+    in_code: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        if path.name == "self_metrics.py":
+            continue  # histograms, prometheus-client's (their HELP is there)
+        for name in re.findall(r'"(gpurelay_gateway_[a-z0-9_]*[a-z0-9])"', path.read_text()):
+            in_code.setdefault(name, set()).add(path.relative_to(root).as_posix())
+    listed = set(catalogue())
+    assert sorted(listed - set(in_code)) == [], "listed, reported by no stage"
+    assert sorted(set(in_code) - listed) == [], "reported, not in the catalogue"
+    assert len(listed) == 50
+
+
+def test_a_family_missing_from_the_catalogue_is_a_bug_not_a_silent_gap() -> None:
+    with pytest.raises(KeyError):
+        one("gpurelay_gateway_made_up_total", 1)

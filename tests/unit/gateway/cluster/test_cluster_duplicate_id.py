@@ -14,9 +14,8 @@ import pytest
 
 from cloud_gateway.cluster.join import conflict, judge, refusal
 from cloud_gateway.cluster.members import DuplicateGateway, Holder, Member, new_instance
-from cloud_gateway.cluster.membership import ClaimRefused, Cluster
+from cloud_gateway.cluster.membership import ClaimRefused, Cluster, cluster_families
 from cloud_gateway.cluster.store_pg import PostgresDirectory
-from cloud_gateway.gateway_metrics import cluster_families
 
 MINE = "aaaaaaaaaaaaaaaa"
 OTHER = Holder(instance="bbbbbbbbbbbbbbbb", advertise="10.0.0.2:7000", heartbeat=500.0, age=1.0)

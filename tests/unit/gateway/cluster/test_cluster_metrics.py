@@ -5,8 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from cloud_gateway.cluster.membership import ClusterStats
-from cloud_gateway.gateway_metrics import cluster_families
+from cloud_gateway.cluster.membership import ClusterStats, cluster_families
 from cloud_gateway.listener import ConnectionStats
 
 

@@ -21,9 +21,9 @@ from cloud_gateway.cli import main
 from cloud_gateway.cluster.nonces import MemoryNonces
 from cloud_gateway.config import load
 from cloud_gateway.errors import GatewayConfigError, GatewayError
-from cloud_gateway.gateway_metrics import AUTH_REASONS
 from cloud_gateway.ssh import enrollment
 from cloud_gateway.ssh.enrollment import Enrollment, Refusal
+from cloud_gateway.ssh.logins import AUTH_REASONS
 from cloud_gateway.trust import certs
 from cloud_gateway.trust.config import EnrollConfig, check_enroll
 from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher

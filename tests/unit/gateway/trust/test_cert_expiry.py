@@ -14,12 +14,11 @@ from asyncssh.public_key import SSHOpenSSHCertificate
 from cloud_gateway.cluster.directory import DirectoryError, NodeFacts
 from cloud_gateway.commands.nodes import render_table
 from cloud_gateway.exposition.body import Exposition
-from cloud_gateway.gateway_metrics import gateway_families
-from cloud_gateway.ingest.session import IngestStats
 from cloud_gateway.registry.store import Registry
 from cloud_gateway.trust.cert_expiry import CERT_EXPIRY, DAY, CertificateExpiry, expiry_of
 from gpurelay.ssh_cert import FOREVER
 from tests.promtool_support import unexpected_findings
+from tests.unit.gateway.test_gateway_metrics import own_families
 
 NOW = 1_800_000_000
 CA = asyncssh.generate_private_key("ssh-ed25519")
@@ -123,18 +122,7 @@ def test_the_family_is_rendered_with_the_gateways_own_and_passes_promtool(
     watch = CertificateExpiry()
     watch.refresh(NOW, live={"edge-1": cert("edge-1", NOW + DAY * 30)})
     exposition = Exposition(Registry())
-    exposition.set_extra(
-        gateway_families(
-            states={},
-            auth_failures={},
-            protocol_errors={},
-            ingest=IngestStats(),
-            channels=0,
-            bodies_built=0,
-            http_requests={},
-            certificates=watch.family("Hostname"),
-        )
-    )
+    exposition.set_extra([*own_families(), watch.family("Hostname")])
     text = exposition.body(openmetrics=False, gzip=False).decode()
     assert f'{CERT_EXPIRY.name}{{Hostname="edge-1"}} {NOW + 30 * 86400}\n' in text
     assert f"# TYPE {CERT_EXPIRY.name} gauge\n" in text
