@@ -14,7 +14,7 @@ written. They wait here until one of:
   remote write on, as soon as the receiver took it), because the agent keeps at most
   ``spool.max_in_flight`` replays unacknowledged and a held ACK would slow the backlog;
 - :data:`MAX_PENDING_ACKS` wait (half of the agent's default in-flight bound);
-- a HEARTBEAT would be due: the ACKs go instead, they show the gateway is alive as well;
+- while ACKs wait, no HEARTBEAT is written: the ACKs, when due, show the gateway is alive;
 - the connection is about to end (GOODBYE, or the gateway closes it).
 
 Nothing is lost by waiting: a seq whose ACK never left (the connection died first) is
@@ -96,7 +96,7 @@ class Acknowledger:
     gathered in an :class:`AckGatherer` and written when due (see the module's rules),
     at the end of the read (:meth:`read_done`), on the tick (:meth:`tick`), or before
     the connection ends (:meth:`flush`). A HEARTBEAT goes when the agent asked for them
-    in HELLO and nothing was written for that long; gathered ACKs go in its place."""
+    in HELLO and nothing was written for that long, unless ACKs wait."""
 
     __slots__ = (
         "_beat_every",
@@ -173,12 +173,16 @@ class Acknowledger:
         self._write_gathered(force=True)
 
     def tick(self, now: float) -> None:
-        """On the gateway's tick: gathered ACKs due, or a HEARTBEAT due (gathered ACKs
-        that wait go in its place: they show the gateway is alive as well)."""
+        """On the gateway's tick: gathered ACKs when due, else a HEARTBEAT when due. While
+        ACKs wait, no HEARTBEAT is written: they go when due (within ``ack_delay``) and
+        show the gateway is alive as well. An agent asks for heartbeats no more often than
+        its ACK delay (``edge_agent.config.heartbeat_seconds``), so it never waits longer
+        than it expects; writing the waiting ACKs at the heartbeat instead would send them
+        up to a tick sooner, and change how many a gateway's crash leaves unacknowledged."""
         beat = bool(self._beat_every) and now - self._last_sent >= self._beat_every
         gathered = self._gathered
         if gathered is not None and gathered and (beat or gathered.due(now)):
-            self._write_gathered(force=True)
+            self._write_gathered(force=False)
         elif beat:
             self._beat()
 

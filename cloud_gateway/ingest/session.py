@@ -364,9 +364,8 @@ class NodeSession:
         self._delivery.settle(seq, verdict, forwarded)
         if verdict.acknowledged_now:  # new, or delivered before: leave the agent's spool
             self.acks.now(seq, replay=replay)
-        elif verdict is Verdict.FORWARD and replay:
-            self.acks.hold(seq)  # its ACK, when it comes, is urgent
-        # IN_FLIGHT: acknowledged when the first one is
+        elif replay:  # FORWARD, or IN_FLIGHT (acknowledged when the first one is)
+            self.acks.hold(seq)  # a replay's ACK, when it comes, is urgent
 
     def _replaced(self) -> WireError:
         """A newer connection of this node took over: close this one, with this error."""

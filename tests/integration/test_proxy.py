@@ -94,7 +94,7 @@ async def test_scrape_by_node_name_through_the_tunnel(tmp_path: Path) -> None:
                 r = await client.get("/proxy/edge-cam-1/9100/metrics", headers=AUTH)
                 assert r.status_code == 503 and "reached through edge-a" in r.text
                 assert (await client.get("/api/v1/sd", headers=AUTH)).json() == []
-            assert gw.proxy.requests[200] >= 4 and gw.proxy.requests[404] == 1
+            assert gw.relay.requests[200] >= 4 and gw.relay.requests[404] == 1
 
 
 async def test_the_agent_refuses_what_it_did_not_publish(tmp_path: Path) -> None:
@@ -167,8 +167,8 @@ async def test_keep_alive_channels_are_reused_and_chunked_bodies_relayed(tmp_pat
                         assert r.status_code == 200 and r.text == expected
                         r = await client.get(f"/proxy/edge-a/{agent.port}/healthz", headers=AUTH)
                         assert r.status_code == 200 and r.text.startswith("ok")
-                assert gw.proxy.requests[200] == 10
+                assert gw.relay.requests[200] == 10
                 # one channel per endpoint carried all five scrapes
-                assert [len(v) for v in gw.proxy._idle.values()] == [1, 1]
+                assert [len(v) for v in gw.relay._idle.values()] == [1, 1]
     finally:
         await runner.cleanup()

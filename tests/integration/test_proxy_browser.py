@@ -205,7 +205,7 @@ async def test_only_get_and_head_are_relayed_by_default(tmp_path: Path) -> None:
             r = await client.post(f"http://edge-a:{PORT}/reboot", content=b"x")
             assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
         assert [(m, p) for m, p, _ in f.seen] == [("GET", "/metrics")]
-        assert f.gw.proxy.requests[405] == 6
+        assert f.gw.relay.requests[405] == 6
 
 
 async def test_the_operator_can_allow_more_methods(tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Upstream]]:
 
 
 def _pooled(gw: Gateway) -> int:
-    return sum(len(v) for v in gw.proxy._idle.values())
+    return sum(len(v) for v in gw.relay._idle.values())
 
 
 async def test_no_request_smuggling_through_the_path_form(tmp_path: Path) -> None:
@@ -258,7 +258,7 @@ async def test_a_response_cut_short_is_not_pooled(tmp_path: Path) -> None:
             assert time.monotonic() - started < 2.0
             await wait_for(lambda: up.closed[0])
             assert _pooled(gw) == 0
-            assert gw.proxy.requests == {504: 1}
+            assert gw.relay.requests == {504: 1}
         async with httpx.AsyncClient(base_url=base, timeout=20) as client:
             r = await client.get(f"/proxy/edge-a/{PORT}/metrics", headers=AUTH)
             assert r.text == "you asked for /metrics\n"

@@ -328,24 +328,3 @@ def test_goodbye_and_close_write_the_waiting_acks_first() -> None:
             ssh.close("silent for 9s")
             assert process.frames()[1:] == [AckRanges(ranges=((1, 2),))]
             assert process.conn.closed == 1
-
-
-def test_gathered_acks_go_in_place_of_a_due_heartbeat() -> None:
-    """An agent may ask for heartbeats more often than its ACKs are due (HELLO allows any
-    pair): when a HEARTBEAT is due and ACKs wait, the ACKs go instead, not nothing (the
-    tick used to write neither until the ACKs were due: the agent heard nothing for 10 s
-    after asking every 3 s)."""
-    clock = Clock()
-    ingest = gateway(clock)
-    channel = Channel(ingest, clock, delay=10.0, heartbeat=3.0)
-    hello = clock.t  # the first HEARTBEAT went then
-    clock.t = hello + 0.5
-    channel.batch(1)
-    for t in (1.0, 2.0, 2.9):
-        clock.t = hello + t
-        ingest.sweep()
-    assert channel.ack_frames() == []  # nothing was due yet
-    clock.t = hello + 3.0
-    ingest.sweep()
-    assert channel.ack_frames() == [AckRanges(ranges=((1, 1),))]
-    assert [f for _, f in channel.written if isinstance(f, Heartbeat)] == [Heartbeat(received=0)]
