@@ -17,11 +17,13 @@ Run: .venv/bin/python bench/frame_path.py
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from types import FrameType
 from typing import Any
 
 from cloud_gateway.ingest import session as session_module
+from cloud_gateway.ingest.delivery import Delivery
 from cloud_gateway.registry.store import Registry
 from gpurelay.wire import Ack, Batch, Declare, Frame, Hello, SeriesDecl
 
@@ -85,12 +87,7 @@ class HeldWriter:
 
 
 def remote_write_kwargs() -> dict[str, Any]:
-    try:
-        from cloud_gateway.ingest.delivery import Delivery
-    except ImportError:  # pragma: no cover - older layouts
-        return {"remote_write": HeldWriter()}
-    import inspect
-
+    """Remote write on, as this version's ``Ingest`` takes it (older ones took the writer)."""
     if "delivery" in inspect.signature(session_module.Ingest).parameters:
         return {"delivery": Delivery(remote_write=HeldWriter())}  # type: ignore[arg-type]
     return {"remote_write": HeldWriter()}

@@ -258,7 +258,7 @@ class Relay:
         return await self.relay(request, node, int(port_text), path, hop=hop)
 
     def _admit(self, request: web.Request) -> None:
-        """ProxyError unless the request may be relayed: its method is one of
+        """RelayError unless the request may be relayed: its method is one of
         ``methods`` (405) and no other site's page sent it (403)."""
         if request.method not in self.methods:
             allowed = ", ".join(self.methods)

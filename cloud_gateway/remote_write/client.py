@@ -58,8 +58,6 @@ from cloud_gateway.remote_write.prompb import Series, encode_requests
 from gpurelay.files import in_daemon_thread
 
 __all__ = [
-    "PROTOCOL_HEADERS",
-    "RemoteWriteConfig",
     "RemoteWriteError",
     "RemoteWriteRejected",
     "RemoteWriteStats",
