@@ -15,7 +15,12 @@ on stdin and reads one JSON reply per line on stdout:
   ``interval`` s from ``first_at + interval * first_send(i, total, ramp)``;
 - ``mark`` (``label``): each node's bytes and batches sent so far, and this process's CPU;
 - ``stop_sending``; ``final``: per-node figures, ack latencies and send lateness between
-  the marks ``w0`` and ``w1``; ``quit``.
+  the marks ``w0`` and ``w1``; ``quit``;
+- for bench/fleet.py: ``send`` also takes ``interval`` (instead of the spec's) and
+  ``below`` (only nodes whose global index is below it send); ``round``: every node
+  submits its next collection now (one round of new data); ``connects_since``
+  (``t``): the ``time.monotonic()`` instants of every connect after ``t``, and how many
+  nodes have sent a batch that was acknowledged after ``t``.
 
 The worker exits when its stdin closes (the bench is gone), on SIGTERM, or on ``quit``,
 stopping every tunnel first. Logs (tunnel reconnects and their reasons) go to stderr,
@@ -75,6 +80,7 @@ class RecordingStats(TunnelStats):
         self.sent_seqs: list[int] = []
         self.acked_at: list[float] = []  # acked_at[i] is for sent_seqs[i]
         self.first_frames: list[int] = []
+        self.connected_at: list[float] = []  # every connect (session established)
         super().__init__()
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -86,6 +92,8 @@ class RecordingStats(TunnelStats):
                 latest = getattr(self.outbox, "latest", None)
                 self.sent_seqs.append(latest[0] if latest is not None else -1)
                 self.sent_at.append(time.monotonic())
+            elif name == "connects" and value > seen[name]:
+                self.connected_at.append(time.monotonic())
             elif name == "acked_seq" and value > seen[name]:
                 now = time.monotonic()
                 sent, acked = self.sent_seqs, self.acked_at
@@ -127,9 +135,9 @@ def make_nodes(spec: dict[str, Any], timeline: Sequence[Snapshot]) -> list[Node]
             key=Path(entry["key"]),
             certificate=Path(entry["certificate"]),
             connect_timeout_seconds=float(spec["connect_timeout"]),
-            backoff_initial_seconds=0.2,
-            backoff_max_seconds=2.0,
         )
+        if not spec.get("agent_backoff"):  # the agent's own (1 s, 60 s) for a herd's return
+            cfg = dataclasses.replace(cfg, backoff_initial_seconds=0.2, backoff_max_seconds=2.0)
         if spec.get("ack_delay") is not None:  # [gateway] ack_delay_seconds (0: one ACK/batch)
             cfg = dataclasses.replace(cfg, ack_delay_seconds=float(spec["ack_delay"]))
         hello = Hello(
@@ -175,35 +183,62 @@ class Agents:
             "failures": dict(sum((Counter(s.failures) for s in stats), Counter())),
         }
 
-    def send(self, first_at: float, total: int, ramp: int) -> dict[str, Any]:
+    def send(
+        self,
+        first_at: float,
+        total: int,
+        ramp: int,
+        interval: float | None = None,
+        below: int | None = None,
+    ) -> dict[str, Any]:
+        every = self.interval if interval is None else interval
         for node in self.nodes:
-            start = first_at + self.interval * first_send(node.index, total, ramp)
+            if below is not None and node.index >= below:
+                continue
+            start = first_at + every * first_send(node.index, below or total, ramp)
             node.sender = asyncio.create_task(
-                self._send_loop(node, start), name=f"sender {node.name}"
+                self._send_loop(node, start, every), name=f"sender {node.name}"
             )
         return {}
 
-    async def _send_loop(self, node: Node, first_at: float) -> None:
+    def _submit(self, node: Node) -> None:
+        """Hand the node's tunnel its next collection of the timeline."""
+        timeline = self.timeline
+        position = node.start + node.submitted
+        if position >= len(timeline):
+            node.wrapped += 1
+        snapshot = timeline[position % len(timeline)]
+        jitter = random.Random(node.index * 1_000_003 + position).uniform(0, TIMESTAMP_JITTER)
+        stamp = timeline[0].timestamp + DATA_STEP * position + jitter
+        node.tunnel.submit(dataclasses.replace(snapshot, timestamp=stamp))
+        node.submitted += 1
+
+    async def _send_loop(self, node: Node, first_at: float, interval: float) -> None:
         """Submit the node's next snapshot every interval (absolute schedule, no burst)."""
         loop = asyncio.get_running_loop()
-        jitter = random.Random(node.index)
-        timeline = self.timeline
-        base = timeline[0].timestamp
         next_at = first_at
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             now = loop.time()
             self.lateness.append((now, now - next_at))
-            position = node.start + node.submitted
-            if position >= len(timeline):
-                node.wrapped += 1
-            snapshot = timeline[position % len(timeline)]
-            stamp = base + DATA_STEP * position + jitter.uniform(0, TIMESTAMP_JITTER)
-            node.tunnel.submit(dataclasses.replace(snapshot, timestamp=stamp))
-            node.submitted += 1
-            next_at += self.interval
+            self._submit(node)
+            next_at += interval
             if next_at < loop.time():  # this process fell behind: do not burst
-                next_at = loop.time() + self.interval
+                next_at = loop.time() + interval
+
+    def round(self) -> dict[str, Any]:
+        """Every node submits its next collection now."""
+        for node in self.nodes:
+            self._submit(node)
+        return {}
+
+    def connects_since(self, t: float) -> dict[str, Any]:
+        """Connect instants after ``t``; nodes with a batch acknowledged after ``t``."""
+        return {
+            "connected_at": [c for n in self.nodes for c in n.stats.connected_at if c > t],
+            "acked_after": sum(1 for n in self.nodes if n.stats.acked_at[-1:] > [t]),
+            "connected": sum(n.stats.connected for n in self.nodes),
+        }
 
     def mark(self, label: str) -> dict[str, Any]:
         mark = {
@@ -288,7 +323,12 @@ async def serve(spec_path: Path) -> None:
                 reply(agents.status())
             elif cmd == "send":
                 first_at, total = float(command["first_at"]), int(command["total"])
-                reply(agents.send(first_at, total, int(command["ramp"])))
+                every, below = command.get("interval"), command.get("below")
+                reply(agents.send(first_at, total, int(command["ramp"]), every, below))
+            elif cmd == "round":
+                reply(agents.round())
+            elif cmd == "connects_since":
+                reply(agents.connects_since(float(command["t"])))
             elif cmd == "mark":
                 reply(agents.mark(str(command["label"])))
             elif cmd == "stop_sending":

@@ -127,8 +127,12 @@ def write_specs(
     ssh_port: int,
     timeline: Path,
     connect_timeout: float,
+    *,
+    agent_backoff: bool = False,
 ) -> list[Path]:
-    """One JSON spec per worker: the gateway, the data, its nodes and their credentials."""
+    """One JSON spec per worker: the gateway, the data, its nodes and their credentials.
+    ``agent_backoff``: the agent's own reconnect backoff (else a quick 0.2-2 s one, for
+    benches that only measure a steady state)."""
     specs = []
     for p, indices in enumerate(shares(args.nodes, args.procs)):
         nodes = []
@@ -146,6 +150,7 @@ def write_specs(
             "spread": args.spread,
             "connect_timeout": connect_timeout,
             "ack_delay": getattr(args, "ack_delay", None),  # None: the agent's default
+            "agent_backoff": agent_backoff,
             "timeline": str(timeline),
             "nodes": nodes,
         }
