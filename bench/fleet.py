@@ -229,16 +229,15 @@ async def run(args: argparse.Namespace, tmp: Path) -> Table:
     gw = GatewayProc(pki, tmp, log_level="info", registry={"offline_after_intervals": offline})
     if args.tracemalloc:
         gw.argv[1:2] = [str(TRACED), args.tracemalloc]  # python TRACED FILE -m... see there
-    specs = write_specs(
-        args, tmp, pki, gw.ssh_port, path, CONNECT_TIMEOUT / 4, agent_backoff=True
-    )
+    specs = write_specs(args, tmp, pki, gw.ssh_port, path, CONNECT_TIMEOUT / 4, agent_backoff=True)
     workers = [Worker(p, spec, tmp / f"worker-{p}.log") for p, spec in enumerate(specs)]
     fleet = Fleet(workers)
+    sizes = "/".join(str(len(r)) for r in shares(args.nodes, args.procs))
     print(
         f"setup: {args.nodes} nodes x {args.gpus} simulated GPUs ({args.processes_per_gpu} "
         f"processes per GPU, {len(timeline[0].samples)} series per node) in {len(workers)} "
-        f"agent worker process(es) of {'/'.join(str(len(r)) for r in shares(args.nodes, args.procs))}"
-        f" nodes (the agent's own reconnect backoff); gateway pid in its own process, SSH "
+        f"agent worker process(es) of {sizes} nodes (the agent's own reconnect backoff); "
+        f"gateway in its own process, SSH "
         f"127.0.0.1:{gw.ssh_port}, HTTP 127.0.0.1:{gw.http_port}",
         flush=True,
     )

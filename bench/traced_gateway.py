@@ -27,9 +27,10 @@ def dump(path: Path) -> None:
         for line in Path("/proc/self/status").read_text().splitlines()
         if line.startswith("VmRSS:")
     )
+    own = tracemalloc.get_tracemalloc_memory()
     lines = [
         f"traced {traced / 2**20:.1f} MiB (peak {peak / 2**20:.1f} MiB), "
-        f"RSS {rss / 1024:.1f} MiB, tracemalloc's own {tracemalloc.get_tracemalloc_memory() / 2**20:.1f} MiB",
+        f"RSS {rss / 1024:.1f} MiB, tracemalloc's own {own / 2**20:.1f} MiB",
     ]
     lines += [f"{s.size / 2**20:9.2f} MiB {s.count:9d} blocks  {s.traceback}" for s in stats[:TOP]]
     path.write_text("\n".join(lines) + "\n")
