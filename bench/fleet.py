@@ -31,9 +31,10 @@ Targets (issue 26) are printed beside each figure with the ratio measured / targ
 
 Run: .venv/bin/python bench/fleet.py [--nodes 1000] [--interval 10] [--seconds 30]
      [--idle-seconds 30] [--gets 5] [--fast-nodes 100] [--fast-seconds 20] [--procs N]
-     [--no-kill] [--logs DIR] [--tracemalloc FILE]  (the gateway under tracemalloc: its
-     biggest allocations by line written to FILE after phase 2; slows it ~2x, so its CPU
-     figures are not comparable)
+     [--no-kill] [--logs DIR] [--profile DIR]  (py-spy of the gateway over the idle and
+     the steady window: DIR/idle.txt, DIR/steady.txt, raw stacks)
+     [--tracemalloc FILE]  (the gateway under tracemalloc: its biggest allocations by line
+     written to FILE after phase 2; slows it ~2x, so its CPU figures are not comparable)
 Needs for phase 4's comparison: apt-get install prometheus-pushgateway (else it says so).
 """
 
@@ -54,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gateway_ingest import GatewayClient, make_snapshots, take, until
+from bench.gateway_ingest import GatewayClient, make_snapshots, start_profiler, take, until
 from bench.ingest_fleet import Fleet, Worker, write_specs
 from bench.ingest_report import BenchError, Window
 from bench.ingest_steady import default_procs, pct, shares
@@ -281,6 +283,15 @@ def worker_load(w0: Window, w1: Window) -> str:
     return f"busiest agent worker {max(shares_):.0%} of a core"
 
 
+async def profile(args: argparse.Namespace, gw: GatewayProc, phase: str, seconds: float) -> Any:
+    """py-spy sampling the gateway over a window (``--profile DIR``: DIR/PHASE.txt, raw
+    stacks), or None."""
+    if not args.profile:
+        return None
+    Path(args.profile).mkdir(parents=True, exist_ok=True)
+    return await start_profiler(str(Path(args.profile) / f"{phase}.txt"), gw.pid, seconds)
+
+
 async def phases(
     args: argparse.Namespace,
     gw: GatewayProc,
@@ -297,9 +308,12 @@ async def phases(
     await until(fleet, gw, lambda s: s["connected"] == n, CONNECT_TIMEOUT, f"all {n} to connect")
     print(f"connect: {n} nodes in {time.monotonic() - t0:.1f} s", flush=True)
     await asyncio.sleep(3.0)  # handshakes' logging over
+    spy = await profile(args, gw, "idle", args.idle_seconds)
     i0 = await take(gw, client, fleet, "i0")
     await asyncio.sleep(args.idle_seconds)
     i1 = await take(gw, client, fleet, "i1")
+    if spy is not None:
+        await spy.wait()
     idle = per_second(i1.cpu.cpu_seconds - i0.cpu.cpu_seconds, i1.wall - i0.wall)
     table.add(
         f"gateway CPU, {n} nodes connected, idle", f"{idle:.2f} % of a core",
@@ -329,9 +343,12 @@ async def phases(
         fleet, gw, lambda s: s["min_sent"] >= 2 + args.warmup,
         (args.warmup + 3 + ramp) * args.interval + 60, "the warm-up", nodes=n,
     )  # fmt: skip
+    spy = await profile(args, gw, "steady", args.seconds)
     w0 = await take(gw, client, fleet, "w0")
     await asyncio.sleep(args.seconds)
     w1 = await take(gw, client, fleet, "w1")
+    if spy is not None:
+        await spy.wait()
     batches = w1.gateway_batches - w0.gateway_batches
     cpu = w1.cpu.cpu_seconds - w0.cpu.cpu_seconds
     wall = w1.wall - w0.wall
@@ -383,8 +400,8 @@ async def phases(
             before = await client.batches()
             await fleet.call("round")
             await wait_for(
-                lambda before=before: _applied(client, before + n), 60,
-                "a round of new data to be applied", poll=0.05, alive=(gw,),
+                _applied(client, before + n), 60, "a round of new data to be applied",
+                poll=0.05, alive=(gw,),
             )  # fmt: skip
             c0 = gw.sample().cpu_seconds
             ms, got = await aget(gw.http_port, "/metrics", gz)
@@ -496,8 +513,11 @@ async def phases(
         await fleet.call("stop_sending")
 
 
-async def _applied(client: GatewayClient, count: int) -> bool:
-    return await client.batches() >= count
+def _applied(client: GatewayClient, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await client.batches() >= count
+
+    return check
 
 
 def main() -> int:
@@ -518,6 +538,7 @@ def main() -> int:
     parser.add_argument("--no-kill", dest="kill", action="store_false")
     parser.add_argument("--back-timeout", type=float, default=120.0)
     parser.add_argument("--logs", default=None)
+    parser.add_argument("--profile", default=None, help="py-spy the idle and steady windows")
     parser.add_argument("--tracemalloc", default=None, help="write the gateway's top allocations")
     parser.add_argument("--timeout", type=float, default=1800.0)
     args = parser.parse_args()

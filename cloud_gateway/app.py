@@ -323,8 +323,7 @@ class Gateway:
                 node,
                 self.cfg.registry.offline_grace_seconds,
             )
-        views = self.registry.nodes(now)
-        self.http.history.sample(self.registry, ((v.name, v.last_batch_time) for v in views))
+        self.http.history.sample(self.registry, self.registry.last_batches())
         states = self.registry.states(now)
         self.certificates.refresh(
             now, live=self.ssh.revalidate(), held=states, stored=self.link.stored_certificates()

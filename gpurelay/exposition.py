@@ -61,6 +61,8 @@ def format_value(value: float) -> str:
 
 
 def escape_label_value(value: str) -> str:
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value  # most values: nothing to escape
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 

@@ -45,6 +45,12 @@ class RegistryReads:
         views = [self._view(self._nodes[name], now) for name in self._names]
         return [v for v in views if state is None or v.state == state]
 
+    def last_batches(self) -> list[tuple[str, float | None]]:
+        """(node, time of its last live batch) for every node, by name: what the UI's
+        history samples each tick, without a view of every node."""
+        nodes = self._nodes
+        return [(name, nodes[name].last_batch_time) for name in self._names]
+
     def states(self, now: float) -> dict[str, NodeState]:
         return {name: self._state(self._nodes[name], now) for name in self._names}
 

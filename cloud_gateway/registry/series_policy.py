@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from hashlib import blake2b
+from itertools import chain
 from typing import Final
 
 from gpurelay.model import Labels
@@ -77,7 +78,7 @@ def identity(name: str, labels: Labels) -> bytes:
 
 def label_bytes(name: str, labels: Labels) -> int:
     """What a series costs against a node's label budget: its name and label text."""
-    return len(name) + sum(len(k) + len(v) for k, v in labels)
+    return len(name) + sum(map(len, chain.from_iterable(labels)))
 
 
 def refuse_name(name: str, reserved_prefixes: tuple[str, ...]) -> Refusal | None:
@@ -121,12 +122,15 @@ def refuse_room(
     budget: int,
     new_family: bool,
     family_type: Callable[[str], str | None],
+    cost: int | None = None,
 ) -> Refusal | None:
     """Why a node may not add one more series record: its series count, its label-byte
-    budget, or (for a family new to the fleet) a name that clashes in OpenMetrics."""
+    budget, or (for a family new to the fleet) a name that clashes in OpenMetrics.
+    ``cost``: the series' :func:`label_bytes`, when the caller has it already."""
     if series >= max_series:
         return Refusal(TOO_MANY_SERIES, f"node has {series} series, the limit")
-    cost = label_bytes(name, labels)
+    if cost is None:
+        cost = label_bytes(name, labels)
     if used_bytes + cost > budget:
         return Refusal(
             LABEL_BYTES,

@@ -326,10 +326,12 @@ class Registry(RegistryReads):
                 )
             s.conn, s.sid = n.conn_id, sd.id
         else:
+            cost = policy.label_bytes(sd.name, labels)
             refusal = policy.refuse_room(
                 name=sd.name,
                 counter=sd.type == "counter",
                 labels=labels,
+                cost=cost,
                 series=len(n.series),
                 max_series=self.config.max_series_per_node,
                 used_bytes=n.label_bytes,
@@ -339,7 +341,7 @@ class Registry(RegistryReads):
             )
             if refusal is not None:
                 return refusal
-            s = self._new_series(n, sd, fs, labels, identity)
+            s = self._new_series(n, sd, fs, labels, identity=identity, cost=cost)
         n.ids[sd.id] = s
         return None
 
@@ -349,13 +351,15 @@ class Registry(RegistryReads):
         sd: SeriesDecl,
         fs: FamilyState | None,
         labels: Labels,
+        *,
         identity: bytes,
+        cost: int,
     ) -> SeriesRecord:
         if fs is None:
             fs = self._families[sd.name] = FamilyState(family_types.family_of(sd), n.name)
             self._family_order = None
         s = SeriesRecord(fs, (fs.name_label, *labels), n.conn_id, sd.id)
-        s.identity, s.cost = identity, policy.label_bytes(sd.name, labels)
+        s.identity, s.cost = identity, cost
         fs.holders[n.name] = fs.holders.get(n.name, 0) + 1
         n.series[identity] = s
         n.label_bytes += s.cost

@@ -27,6 +27,7 @@ from cloud_gateway.trust.auth_policy import REASONS, check_user_certificate, des
 from cloud_gateway.trust.revocation import RevocationList, RevocationWatcher
 from gpurelay.asyncssh_hooks import hook_certificate_validation, hook_undecodable_certificate
 from gpurelay.logs import node_logger
+from gpurelay.ssh_cert import certificate_info
 
 log = logging.getLogger("cloud_gateway.ssh_server")  # the server's lines, wherever written
 
@@ -38,6 +39,17 @@ AUTH_REASONS: tuple[str, ...] = (*REASONS, "bad_certificate", "not_a_certificate
 def node_log(node: str) -> logging.Logger:
     """A child logger per node, so every line says which node it is about."""
     return node_logger(log, node)
+
+
+@dataclass
+class Held:
+    """What a held connection's certificate last passed under (:meth:`CertificatePolicy.
+    recheck`): the revocation list, the trusted CAs' keys, and until when (its
+    ``valid_before``); ``until`` 0: never checked here."""
+
+    revoked: RevocationList | None = None
+    cas: tuple[bytes, ...] = ()
+    until: float = 0.0
 
 
 @dataclass
@@ -55,6 +67,23 @@ class CertificatePolicy:
         return check_user_certificate(
             username, cert, trusted_cas=self.trusted_cas, revoked=revoked, now=self.clock()
         )
+
+    def recheck(self, username: str, cert: SSHOpenSSHCertificate, held: Held) -> str | None:
+        """:meth:`check` of a connection that passed before, by what can change its verdict:
+        the revocation list in force (a new one is a new object), the trusted CAs, and the
+        time reaching the certificate's ``valid_before``. While none has changed since it
+        last passed, it passes without the check (the tick asks about every connection
+        every second); ``held`` remembers what it passed under."""
+        revoked = self.revocations.current() if self.revocations else None
+        cas = tuple(ca.public_data for ca in self.trusted_cas)
+        now = self.clock()
+        if held.revoked is revoked and held.cas == cas and now < held.until:
+            return None
+        reason = self.check(username, cert)
+        if reason is None:
+            held.revoked, held.cas = revoked, cas
+            held.until = certificate_info(cert).valid_before
+        return reason
 
     def is_trusted_ca(self, key: asyncssh.SSHKey) -> bool:
         blob = key.public_data
@@ -82,6 +111,7 @@ class ConnectionAuth(EnrollmentLogin, asyncssh.SSHServer):
         self._detail = ""
         self._authenticated = False
         self.certificate: SSHOpenSSHCertificate | None = None  # the accepted one
+        self.held = Held()  # what it passed under when the tick last rechecked it
         self._peer: tuple[str, int] | None = None
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:

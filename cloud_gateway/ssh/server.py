@@ -228,7 +228,7 @@ class SshServer:
             cert, conn, node = auth.certificate, auth.connection, auth.node
             if cert is None or conn is None:
                 continue
-            reason = self.policy.check(node, cert)
+            reason = self.policy.recheck(node, cert, auth.held)
             if reason is None:
                 passed[node] = cert
                 continue

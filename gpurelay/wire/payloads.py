@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from gpurelay.model import GpuInventory
 from gpurelay.wire.frames import (
@@ -213,7 +213,37 @@ def declare_json(declare: Declare) -> dict[str, Any]:
     }
 
 
+_DECL_FIELDS: Final = frozenset({"id", "name", "type", "help", "labels"})
+
+
 def parse_decl(value: object, i: int) -> SeriesDecl:
+    """One declared series. Its fields' values are checked by
+    :func:`gpurelay.wire.rules.check_series` (names, type, help, label text); here only
+    its shape: the fields, and what types they have. A well-formed one is read directly,
+    anything else goes through :class:`JsonObject`, which says what is wrong."""
+    if type(value) is dict and value.keys() == _DECL_FIELDS:
+        sid, labels = value["id"], value["labels"]
+        name, kind, text = value["name"], value["type"], value["help"]
+        if (
+            type(sid) is int
+            and sid >= 0
+            and type(name) is str
+            and type(kind) is str
+            and type(text) is str
+            and type(labels) is list
+            and all(type(pair) is list and len(pair) == 2 for pair in labels)
+        ):
+            return SeriesDecl(
+                id=sid,
+                name=name,
+                type=kind,  # type: ignore[arg-type]  # checked by check_series
+                help=text,
+                labels=tuple(map(tuple, labels)),
+            )
+    return _parse_decl_checked(value, i)
+
+
+def _parse_decl_checked(value: object, i: int) -> SeriesDecl:
     o = JsonObject(value, f"DECLARE series[{i}]")
     labels: list[tuple[str, str]] = []
     for pair in o.array("labels"):

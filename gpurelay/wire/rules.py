@@ -33,9 +33,44 @@ def utf8_size(text: str, code: str, what: str) -> int:
         raise WireError(code, f"{what} is not valid Unicode text ({exc.reason})") from exc
 
 
-def check_series(decl: SeriesDecl, limits: Limits) -> None:
-    """Raise :class:`WireError` unless ``decl`` is a declaration the gateway will accept."""
+class Passed:
+    """What passed the checks within one DECLARE: a label pair (name, value) and a series
+    head (name, type, help) are valid or not whatever series carries them, and a node's
+    DECLARE repeats the same GPU's pairs and the same families' heads hundreds of times.
+    Made per frame and dropped with it, so a peer cannot grow it past one frame."""
+
+    __slots__ = ("heads", "pairs")
+
+    def __init__(self) -> None:
+        self.heads: set[tuple[str, str, str]] = set()
+        self.pairs: set[tuple[str, str]] = set()
+
+
+def _known_pair(pair: object, done: set[tuple[str, str]]) -> bool:
+    try:
+        return type(pair) is tuple and pair in done
+    except TypeError:  # a part that cannot be hashed is not a string
+        return False
+
+
+def check_series(decl: SeriesDecl, limits: Limits, done: Passed | None = None) -> None:
+    """Raise :class:`WireError` unless ``decl`` is a declaration the gateway will accept.
+    ``done``: what passed earlier in the same frame (under the same limits), skipped."""
     sid = decl.id
+    labels = decl.labels
+    if done is None:
+        done = Passed()
+    elif type(sid) is int and 0 <= sid <= MAX_SERIES_ID and type(labels) is tuple:
+        try:  # the fast path: every part was checked before (an unhashable part: not so)
+            if (
+                (decl.name, decl.type, decl.help) in done.heads
+                and len(labels) <= limits.max_labels
+                and all(type(pair) is tuple and pair in done.pairs for pair in labels)
+                and len({pair[0] for pair in labels}) == len(labels)
+            ):
+                return
+        except TypeError:
+            pass
     if type(sid) is not int or not 0 <= sid <= MAX_SERIES_ID:
         raise WireError(
             "malformed", f"series id {show(sid)} is not an integer in 0..{MAX_SERIES_ID}"
@@ -66,10 +101,14 @@ def check_series(decl: SeriesDecl, limits: Limits) -> None:
             f"series {sid} ({name}): help is {size} bytes long, "
             f"more than the limit of {limits.max_help_bytes}",
         )
-    check_labels(sid, name, decl.labels, limits)
+    check_labels(sid, name, decl.labels, limits, done.pairs)
+    done.heads.add((name, decl.type, decl.help))
+    done.pairs.update(decl.labels)
 
 
-def check_labels(sid: int, name: str, labels: Labels, limits: Limits) -> None:
+def check_labels(
+    sid: int, name: str, labels: Labels, limits: Limits, known: set[tuple[str, str]]
+) -> None:
     where = f"series {sid} ({name})"
     if not isinstance(labels, tuple):
         raise WireError("malformed", f"{where}: labels are not a sequence of (name, value) pairs")
@@ -80,6 +119,11 @@ def check_labels(sid: int, name: str, labels: Labels, limits: Limits) -> None:
         )
     seen: set[str] = set()
     for pair in labels:
+        if _known_pair(pair, known):  # this (name, value) was checked before
+            if pair[0] in seen:
+                raise WireError("bad_label", f"{where}: label {pair[0]} is given twice")
+            seen.add(pair[0])
+            continue
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise WireError("malformed", f"{where}: label {show(pair)} is not a (name, value) pair")
         label, value = pair

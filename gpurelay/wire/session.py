@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpurelay.wire.frames import Limits, SeriesDecl, WireError
-from gpurelay.wire.rules import check_series
+from gpurelay.wire.rules import Passed, check_series
 
 
 class ConnectionState:
@@ -47,8 +47,9 @@ class ConnectionState:
                 f"connection, more than the limit of {limit}",
             )
         fresh: set[int] = set()
+        passed = Passed()
         for decl in series:
-            check_series(decl, self.limits)
+            check_series(decl, self.limits, passed)
             if decl.id < self.next_id or decl.id in fresh:
                 raise WireError(
                     "malformed",

@@ -31,9 +31,11 @@ from gpurelay.wire import (
     Limits,
     SeriesDecl,
     WireError,
+    check_series,
 )
 from gpurelay.wire.frames import CODEC_ERROR_CODES
 from gpurelay.wire.payloads import dump_json, hello_json, parse_hello
+from gpurelay.wire.rules import Passed
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 T0 = 1_790_000_000.0
@@ -420,6 +422,41 @@ def test_bad_declarations_are_refused_by_both_ends(
         with pytest.raises(WireError) as info:
             encoder.encode(Declare(series=(bad,)))
         assert info.value.code == code
+
+
+def test_what_passed_in_a_frame_is_remembered_but_never_what_failed() -> None:
+    """Within one DECLARE the checks skip what passed before (issue 26: a node's DECLARE
+    repeats the same GPU's pairs hundreds of times); a series made of remembered parts is
+    still refused for what it does wrong with them, and so is one under tighter limits."""
+    good = series_json(0, labels=[["gpu", "0"], ["Hostname", "n"]])
+    raw = Raw()
+    assert len(FrameDecoder().feed(raw.hello() + raw.declare(good, {**good, "id": 1}))) == 2
+    again = [
+        (series_json(1, labels=[["gpu", "0"], ["gpu", "0"]]), "bad_label", "twice"),
+        (series_json(1, labels=[["Hostname", "n"], ["gpu", ["0"]]]), "bad_label", "not a string"),
+        (series_json(1, labels=[["gpu", "0"], ["__x", "0"]]), "bad_label", "__"),
+        (series_json(1, labels=[["gpu", "0"], {"gpu": "0"}]), "malformed", "pair"),
+        (series_json(labels=[["gpu", "0"]], id="1"), "malformed", "'id'"),
+    ]
+    for series, code, needle in again:
+        raw = Raw()
+        assert needle in str(expect(code, raw.hello() + raw.declare(good, series)))
+    tight = Limits(max_label_value_bytes=0)
+    raw = Raw()
+    assert "limit of 0" in str(expect("bad_label", raw.hello() + raw.declare(good), tight))
+    passed = Passed()
+    check_series(decl(0, gpu="0"), DEFAULT, passed)
+    head = ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).")
+    assert passed.heads == {head}  # remembered, and still no label pair
+    odd = SeriesDecl(
+        id=1,
+        name=head[0],
+        type="gauge",
+        help=head[2],
+        labels=(head,),  # type: ignore[arg-type]
+    )
+    with pytest.raises(WireError, match="pair"):
+        check_series(odd, DEFAULT, passed)
 
 
 def test_redeclaring_an_id_is_refused() -> None:

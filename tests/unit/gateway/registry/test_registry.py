@@ -395,3 +395,12 @@ def test_recent_errors_are_bounded_and_latest_tracks_fb_values() -> None:
     assert reg.latest("n", "DCGM_FI_DEV_FB_USED") == [
         ((("UUID", "GPU-0"), ("Hostname", "n")), 1024.0)
     ]
+
+
+def test_last_batches_are_the_views_last_batch_times_without_the_views() -> None:
+    reg = Registry()
+    online(reg, "b", now=T0 + 5)
+    online(reg, "a", now=T0 + 7)
+    reg.connect("c", remote="r", hello=hello("c"), now=T0)  # no batch yet
+    expected = [(v.name, v.last_batch_time) for v in reg.nodes(T0 + 10)]
+    assert reg.last_batches() == expected == [("a", T0 + 7), ("b", T0 + 5), ("c", None)]
