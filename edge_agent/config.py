@@ -247,21 +247,38 @@ class AgentConfig:
         return split_host_port(self.listen)[1]
 
 
+# The liveness period: with nothing from the gateway for 3 such periods + 5 s the agent
+# drops the session (``silence_timeout``); the interval, at most this, at least the ACK delay.
+LIVENESS_SECONDS = 5.0
 # The agent asks to hear from the gateway at least this often (below the wire's
-# MAX_HEARTBEAT_SECONDS, the most any agent may ask for).
-HEARTBEAT_ASK_SECONDS = 5.0
+# MAX_HEARTBEAT_SECONDS, the most any agent may ask for), and at least twice per silence
+# timeout: at a 10 s interval a heartbeat every 10 s, so a link whose ACKs come once per
+# batch carries no heartbeat at all (issue 26: one per batch at 5 s, ~40 % of an idle
+# gateway's CPU), while the session is still dropped after the same 20 s of silence.
+HEARTBEAT_ASK_SECONDS = 10.0
 
 
-def heartbeat_seconds(interval: float, ack_delay: float = 0.0) -> float:
-    """How often the agent asks to hear from the gateway (HELLO ``heartbeat_seconds``):
-    never more often than ACKs are due, or HEARTBEATs would stand in for the ACK frames
-    that the delay saves."""
-    return max(min(interval, HEARTBEAT_ASK_SECONDS), ack_delay)
+def liveness_seconds(interval: float, ack_delay: float = 0.0) -> float:
+    """The period the silence timeout is made of: the interval, at most
+    :data:`LIVENESS_SECONDS`, never less than the ACK delay (the gateway may hold ACKs that
+    long)."""
+    return max(min(interval, LIVENESS_SECONDS), ack_delay)
+
+
+def heartbeat_seconds(interval: float, ack_delay: float = 0.0, silence: float = 0.0) -> float:
+    """How often the agent asks to hear from the gateway (HELLO ``heartbeat_seconds``): the
+    interval, at most :data:`HEARTBEAT_ASK_SECONDS` and half the ``silence`` timeout (when
+    given), never more often than ACKs are due, or HEARTBEATs would stand in for the ACK
+    frames that the delay saves."""
+    most = min(interval, HEARTBEAT_ASK_SECONDS)
+    if silence > 0:
+        most = min(most, silence / 2)
+    return max(most, ack_delay)
 
 
 def silence_timeout(cfg: TunnelConfig, interval: float) -> float:
     """Seconds with nothing from the gateway after which the agent drops the session."""
-    beat = heartbeat_seconds(interval, cfg.ack_delay_seconds)
+    beat = liveness_seconds(interval, cfg.ack_delay_seconds)
     return cfg.silence_timeout_seconds or 3 * beat + 5.0
 
 
@@ -365,12 +382,12 @@ def _validate(cfg: AgentConfig) -> None:
             f"gateway.ack_delay_seconds must be in 0..{MAX_ACK_DELAY_SECONDS:g} "
             f"(0: an ACK per batch at once), not {gw.ack_delay_seconds}"
         )
-    beat = heartbeat_seconds(cfg.interval_seconds, gw.ack_delay_seconds)
+    beat = liveness_seconds(cfg.interval_seconds, gw.ack_delay_seconds)
     if gw.silence_timeout_seconds and gw.silence_timeout_seconds <= beat:
         raise ConfigError(
             f"gateway.silence_timeout_seconds ({gw.silence_timeout_seconds:g}) must be more "
             f"than the heartbeat period ({beat:g}s = max(min(interval_seconds, "
-            f"{HEARTBEAT_ASK_SECONDS:g}s), ack_delay_seconds)): the gateway is heard from "
+            f"{LIVENESS_SECONDS:g}s), ack_delay_seconds)): the gateway is heard from "
             "about that often"
         )
     _validate_gateway_addresses(gw)

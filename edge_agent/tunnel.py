@@ -18,9 +18,10 @@ every address failed in a row. A session that ended (the gateway that dropped it
 dying) dials the next address first, after the same jittered pause.
 
 Liveness is the protocol's: the agent asks the gateway in HELLO for a HEARTBEAT whenever
-it has sent nothing (no ACK) for an interval (5 s at most), and drops a session on which
-nothing at all arrived for ``silence_timeout_seconds`` (default 3 such periods + 5 s: 8 s
-at a 1 s interval, 20 s at 10 s); SSH keepalives are only the backstop. The local HTTP
+it has sent nothing (no ACK) for an interval (10 s at most, and at most half the silence
+timeout), and drops a session on which nothing at all arrived for
+``silence_timeout_seconds`` (default 3 x the interval, at most 5 s, + 5 s: 14 s at a 1 s
+interval with the 3 s ACK delay, 20 s at 10 s); SSH keepalives are only the backstop. The local HTTP
 endpoints keep serving whatever happens here.
 
 The key and certificate are read again before every connection. Beside each session the
@@ -415,10 +416,9 @@ class Tunnel:
         hello = self._hello()
         interval = hello.interval_seconds
         delay = self._cfg.ack_delay_seconds
-        hello = replace(
-            hello, heartbeat_seconds=heartbeat_seconds(interval, delay), ack_delay_seconds=delay
-        )
         silence = silence_timeout(self._cfg, interval)
+        beat = heartbeat_seconds(interval, delay, silence)
+        hello = replace(hello, heartbeat_seconds=beat, ack_delay_seconds=delay)
         self._write(writer, frames.encode(hello))
         receiver = asyncio.create_task(self._inbound().run(reader, silence))
         sender = asyncio.create_task(self._send_loop(writer, frames))

@@ -98,6 +98,11 @@ def test_the_agent_asks_for_range_acks_and_hears_from_the_gateway_once_per_delay
     assert heartbeat_seconds(1.0, default.ack_delay_seconds) == 3.0
     assert silence_timeout(default, 1.0) == 14.0  # 3 x 3 s + 5 s
     assert silence_timeout(default, 10.0) == 20.0  # 3 x 5 s + 5 s, as before
+    # issue 26: at 10 s a heartbeat every 10 s (not 5 s), dropped after the same 20 s
+    assert heartbeat_seconds(10.0, 3.0, silence_timeout(default, 10.0)) == 10.0
+    assert heartbeat_seconds(60.0, 3.0, 20.0) == 10.0
+    assert heartbeat_seconds(10.0, 3.0, 8.0) == 4.0  # half a short silence timeout
+    assert heartbeat_seconds(5.0, 3.0, 20.0) == 5.0  # the interval, as before
     old = load(None, {"EDGE_AGENT_GATEWAY_ACK_DELAY_SECONDS": "0"}).gateway
     assert heartbeat_seconds(1.0, old.ack_delay_seconds) == 1.0
     assert silence_timeout(old, 1.0) == 8.0  # issue 13's figure, one ACK per batch
