@@ -375,78 +375,15 @@ async def phases(
         await asyncio.sleep(15)
         print(f"tracemalloc snapshot of the gateway: {args.tracemalloc}")
 
-    # 3. GET under ingest, one interval apart
-    for gz in (False, True):
-        times, cpus = [], []
-        for _ in range(args.gets):
-            await asyncio.sleep(args.interval)
-            c0 = gw.sample().cpu_seconds
-            ms, body = await aget(gw.http_port, "/metrics", gz)
-            cpus.append((gw.sample().cpu_seconds - c0) * 1000)
-            times.append(ms)
-        table.add(
-            f"GET /metrics under ingest, {'gzip' if gz else 'identity'} ({len(body) / 1e6:.0f} MB)",
-            f"p50 {statistics.median(times):.0f} ms, p95 {pct(times, 0.95):.0f} ms",
-            f"gateway CPU over the GET p50 {statistics.median(cpus):.0f} ms",
+    if args.gets > 0:  # 3. and 4.
+        await gets_under_ingest(args, gw, table)
+        await fleet.call("stop_sending")
+        await until(
+            fleet, gw, lambda s: s["unacked"] == 0, 30, "the last acknowledgements", nodes=n
         )
-
-    # 4. GET right after a round of new data; the Pushgateway with the same series
-    await fleet.call("stop_sending")
-    await until(fleet, gw, lambda s: s["unacked"] == 0, 30, "the last acknowledgements", nodes=n)
-    ours: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    body = b""
-    for _ in range(args.gets):
-        for gz in (False, True):
-            before = await client.batches()
-            await fleet.call("round")
-            await wait_for(
-                _applied(client, before + n), 60, "a round of new data to be applied",
-                poll=0.05, alive=(gw,),
-            )  # fmt: skip
-            c0 = gw.sample().cpu_seconds
-            ms, got = await aget(gw.http_port, "/metrics", gz)
-            ours[gz].append((ms, (gw.sample().cpu_seconds - c0) * 1000))
-            body = got if not gz else body
-    node_samples = samples_in(body)
-    pgw = start_pushgateway(tmp)
-    theirs: dict[bool, list[float]] = {False: [], True: []}
-    if pgw is not None:
-        proc, port = pgw
-        try:
-            groups = per_node_groups(body)
-            took = await asyncio.to_thread(push_all, port, groups)
-            print(f"pushgateway: {len(groups)} groups PUT in {took:.1f} s", flush=True)
-            for gz in (False, True):
-                for _ in range(args.gets):
-                    ms, pbody = await aget(port, "/metrics", gz)
-                    theirs[gz].append(ms)
-            if samples_in(pbody) != node_samples:
-                raise BenchError(
-                    f"the pushgateway serves {samples_in(pbody)} node samples, ours {node_samples}"
-                )
-        finally:
-            proc.terminate()
-            proc.wait(10)
-    for gz in (False, True):
-        ms = statistics.median(t for t, _ in ours[gz])
-        cpu_ms = statistics.median(c for _, c in ours[gz])
-        kind = "gzip" if gz else "identity"
-        table.add(
-            f"GET right after new data, {kind} ({node_samples} node samples)",
-            f"p50 {ms:.0f} ms, p95 {pct([t for t, _ in ours[gz]], 0.95):.0f} ms; "
-            f"CPU {cpu_ms:.0f} ms",
-        )
-        if theirs[gz]:
-            them = statistics.median(theirs[gz])
-            table.add(
-                f"    Pushgateway, same series, same run, {kind}",
-                f"p50 {them:.0f} ms: ours {them / ms:.1f}x faster",
-                f">= {TARGETS['pushgateway_ratio']:g}x",
-                TARGETS["pushgateway_ratio"] / (them / ms),
-            )
-        else:
-            table.add(f"    Pushgateway, {kind}", "not installed (apt-get install "
-                      "prometheus-pushgateway)")  # fmt: skip
+        await gets_after_new_data(args, gw, client, fleet, table, tmp)
+    else:
+        await fleet.call("stop_sending")
 
     # 5. 1 s interval from the first --fast-nodes nodes
     fast = min(args.fast_nodes, n)
@@ -504,6 +441,8 @@ async def phases(
             f"every node back after kill -9 ({len(last['connected_at'])} connects)",
             f"{back:.1f} s", f"<= {TARGETS['back_seconds']:g} s", back / TARGETS["back_seconds"],
         )  # fmt: skip
+        failures = (await fleet.status())["failures"]
+        print(f"    failed attempts by reason, whole run: {failures or 'none'}", flush=True)
         share = 100.0 * busiest / n
         table.add(
             "    busiest second of connects",
@@ -511,6 +450,91 @@ async def phases(
             f"<= {TARGETS['busiest_share']:g} %", share / TARGETS["busiest_share"],
         )  # fmt: skip
         await fleet.call("stop_sending")
+
+
+async def gets_under_ingest(args: argparse.Namespace, gw: GatewayProc, table: Table) -> None:
+    """3. GET /metrics while the fleet sends, one interval apart (every node sent new
+    data in between)."""
+    for gz in (False, True):
+        times, cpus = [], []
+        for _ in range(args.gets):
+            await asyncio.sleep(args.interval)
+            c0 = gw.sample().cpu_seconds
+            ms, body = await aget(gw.http_port, "/metrics", gz)
+            cpus.append((gw.sample().cpu_seconds - c0) * 1000)
+            times.append(ms)
+        table.add(
+            f"GET /metrics under ingest, {'gzip' if gz else 'identity'} ({len(body) / 1e6:.0f} MB)",
+            f"p50 {statistics.median(times):.0f} ms, p95 {pct(times, 0.95):.0f} ms",
+            f"gateway CPU over the GET p50 {statistics.median(cpus):.0f} ms",
+        )
+
+
+async def gets_after_new_data(
+    args: argparse.Namespace,
+    gw: GatewayProc,
+    client: GatewayClient,
+    fleet: Fleet,
+    table: Table,
+    tmp: Path,
+) -> None:
+    """4. With the fleet quiet: one round of new data from every node, applied, then a GET
+    at once; the same series in a Pushgateway, GET there."""
+    n = args.nodes
+    ours: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    body = b""
+    for _ in range(args.gets):
+        for gz in (False, True):
+            before = await client.batches()
+            await fleet.call("round")
+            await wait_for(
+                _applied(client, before + n), 60, "a round of new data to be applied",
+                poll=0.05, alive=(gw,),
+            )  # fmt: skip
+            c0 = gw.sample().cpu_seconds
+            ms, got = await aget(gw.http_port, "/metrics", gz)
+            ours[gz].append((ms, (gw.sample().cpu_seconds - c0) * 1000))
+            body = got if not gz else body
+    node_samples = samples_in(body)
+    pgw = start_pushgateway(tmp)
+    theirs: dict[bool, list[float]] = {False: [], True: []}
+    if pgw is not None:
+        proc, port = pgw
+        try:
+            groups = per_node_groups(body)
+            took = await asyncio.to_thread(push_all, port, groups)
+            print(f"pushgateway: {len(groups)} groups PUT in {took:.1f} s", flush=True)
+            for gz in (False, True):
+                for _ in range(args.gets):
+                    ms, pbody = await aget(port, "/metrics", gz)
+                    theirs[gz].append(ms)
+            if samples_in(pbody) != node_samples:
+                raise BenchError(
+                    f"the pushgateway serves {samples_in(pbody)} node samples, ours {node_samples}"
+                )
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    for gz in (False, True):
+        ms = statistics.median(t for t, _ in ours[gz])
+        cpu_ms = statistics.median(c for _, c in ours[gz])
+        kind = "gzip" if gz else "identity"
+        table.add(
+            f"GET right after new data, {kind} ({node_samples} node samples)",
+            f"p50 {ms:.0f} ms, p95 {pct([t for t, _ in ours[gz]], 0.95):.0f} ms; "
+            f"CPU {cpu_ms:.0f} ms",
+        )
+        if theirs[gz]:
+            them = statistics.median(theirs[gz])
+            table.add(
+                f"    Pushgateway, same series, same run, {kind}",
+                f"p50 {them:.0f} ms: ours {them / ms:.1f}x faster",
+                f">= {TARGETS['pushgateway_ratio']:g}x",
+                TARGETS["pushgateway_ratio"] / (them / ms),
+            )
+        else:
+            table.add(f"    Pushgateway, {kind}", "not installed (apt-get install "
+                      "prometheus-pushgateway)")  # fmt: skip
 
 
 def _applied(client: GatewayClient, count: int) -> Callable[[], Awaitable[bool]]:
