@@ -324,7 +324,7 @@ class Gateway:
                 self.cfg.registry.offline_grace_seconds,
             )
         self.http.history.sample(self.registry, self.registry.last_batches())
-        states = self.registry.states(now)
+        states = self.registry.published_states()  # refresh(now) made them states(now)
         self.certificates.refresh(
             now, live=self.ssh.revalidate(), held=states, stored=self.link.stored_certificates()
         )

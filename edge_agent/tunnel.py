@@ -65,6 +65,7 @@ from edge_agent.tunnel_types import (
     PublishedEndpoint,
     SessionEnded,
     TunnelError,
+    Refused,
     Unanswered,
     load_client_key,
     load_known_hosts,
@@ -244,10 +245,15 @@ class Tunnel:
 
     def _wait(self, state: RetryCallState) -> float:
         """Full-jitter exponential backoff; a dial nobody answered (the gateway never saw
-        it) waits at most 2 x ``backoff_initial_seconds`` and does not grow the backoff."""
+        it) waits at most 2 x ``backoff_initial_seconds``, a dial refused (nothing
+        listening: the gateway is restarting) at most 10 x, the pause after a session
+        ended; neither grows the backoff."""
         outcome = state.outcome
-        if outcome is not None and isinstance(outcome.exception(), Unanswered):
+        failure = outcome.exception() if outcome is not None else None
+        if isinstance(failure, Unanswered):
             return random.uniform(0, 2 * self._cfg.backoff_initial_seconds)
+        if isinstance(failure, Refused):
+            return random.uniform(0, 10 * self._cfg.backoff_initial_seconds)
         return float(self._backoff(state))
 
     def _before_sleep(self, state: object) -> None:
@@ -283,6 +289,9 @@ class Tunnel:
         except ProxyError as exc:
             self.stats.fail("proxy", str(exc))
             raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc
+        except ConnectionRefusedError as exc:
+            self.stats.fail("connect", str(exc))
+            raise Refused(f"cannot reach gateway {host}:{port}: {exc}") from exc
         except OSError as exc:
             self.stats.fail("connect", str(exc))
             raise TunnelError(f"cannot reach gateway {host}:{port}: {exc}") from exc

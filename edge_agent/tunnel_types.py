@@ -42,6 +42,16 @@ class Unanswered(TunnelError):
     """Nobody answered the TCP handshake: a silent path, retried after a short pause."""
 
 
+class Refused(TunnelError):
+    """The gateway's address answered the TCP handshake with a reset: nothing listens
+    there (a gateway restarting after a crash, stopped, or not started yet). Nothing
+    reached a gateway, so the backoff does not grow: retried after a pause as long as the
+    one after a session ended (up to 10 x ``backoff_initial_seconds``), which spreads a
+    fleet whose gateway is coming back over as many seconds instead of letting it grow
+    apart for a minute and return in one burst (issue 26: 654 refused dials grew the
+    fleet's backoff; every agent was back 88 s after a gateway's ``kill -9``)."""
+
+
 class GatewaySilent(TunnelError):
     """The gateway sent nothing (no ACK, no HEARTBEAT) for the silence timeout."""
 

@@ -273,7 +273,7 @@ class DirectoryLink:
     def elsewhere(self) -> list[tuple[NodeEntry, Member | None]]:
         """Nodes of the fleet not in this gateway's registry, with their owner when it is
         alive (the cluster), or the inventory's offline nodes (one gateway)."""
-        local = self.registry.states(self._clock())  # names held here (no full views)
+        local = self.registry.published_states()  # names held here (nothing worked out)
         if self.cluster is None:
             return [(e, None) for n, e in sorted(self.inventory.items()) if n not in local]
         members = {m.id: m for m in self.cluster.members}

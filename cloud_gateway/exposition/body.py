@@ -158,6 +158,8 @@ class Exposition:
         self._packing: asyncio.Future[int] | None = None
         self._orphans: tuple[Liveness, ...] = ()  # nodes of dead gateways (the leader's)
         self._shards = ShardCache()
+        # node families (NODE_PREFIX) by name: the samples last given and their lines
+        self._node_families: dict[str, tuple[tuple[Sample, ...], NodeLines]] = {}
 
     @property
     def generation(self) -> tuple[int, int]:
@@ -177,7 +179,7 @@ class Exposition:
         families = list(families)
         own = [f for f in families if not f[0].name.startswith(NODE_PREFIX)]
         nodes = tuple(
-            self._by_node(fam, samples)
+            self._by_node(fam, tuple(samples))
             for fam, samples in families
             if fam.name.startswith(NODE_PREFIX)
         )
@@ -194,7 +196,17 @@ class Exposition:
             self._extra, self._extra_nodes = extra, nodes
             self._extra_generation += 1
 
-    def _by_node(self, family: Family, samples: Sequence[Sample]) -> NodeLines:
+    def _by_node(self, family: Family, samples: tuple[Sample, ...]) -> NodeLines:
+        """The family's lines by node; the same samples as on the last tick (the usual
+        case: certificates change seldom) give the lines made then."""
+        made = self._node_families.get(family.name)
+        if made is not None and made[0] == samples and made[1][0] == family:
+            return made[1]
+        lines = self._node_family_lines(family, samples)
+        self._node_families[family.name] = (samples, lines)
+        return lines
+
+    def _node_family_lines(self, family: Family, samples: Sequence[Sample]) -> NodeLines:
         label = self.registry.config.node_label
         return family, tuple(
             (

@@ -68,16 +68,26 @@ class CertificatePolicy:
             username, cert, trusted_cas=self.trusted_cas, revoked=revoked, now=self.clock()
         )
 
-    def recheck(self, username: str, cert: SSHOpenSSHCertificate, held: Held) -> str | None:
-        """:meth:`check` of a connection that passed before, by what can change its verdict:
-        the revocation list in force (a new one is a new object), the trusted CAs, and the
-        time reaching the certificate's ``valid_before``. While none has changed since it
-        last passed, it passes without the check (the tick asks about every connection
-        every second); ``held`` remembers what it passed under."""
+    def trust_state(self) -> tuple[RevocationList | None, tuple[bytes, ...]]:
+        """What a held certificate's verdict depends on besides the time: the revocation
+        list in force (a new one is a new object) and the trusted CAs' keys."""
         revoked = self.revocations.current() if self.revocations else None
-        cas = tuple(ca.public_data for ca in self.trusted_cas)
-        now = self.clock()
-        if held.revoked is revoked and held.cas == cas and now < held.until:
+        return revoked, tuple(ca.public_data for ca in self.trusted_cas)
+
+    def recheck(
+        self,
+        username: str,
+        cert: SSHOpenSSHCertificate,
+        held: Held,
+        state: tuple[RevocationList | None, tuple[bytes, ...]] | None = None,
+    ) -> str | None:
+        """:meth:`check` of a connection that passed before, by what can change its verdict:
+        :meth:`trust_state` (``state``: taken once for many connections) and the time
+        reaching the certificate's ``valid_before``. While none has changed since it last
+        passed, it passes without the check (the tick asks about every connection every
+        second); ``held`` remembers what it passed under."""
+        revoked, cas = self.trust_state() if state is None else state
+        if held.revoked is revoked and held.cas == cas and self.clock() < held.until:
             return None
         reason = self.check(username, cert)
         if reason is None:

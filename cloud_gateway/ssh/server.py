@@ -224,11 +224,12 @@ class SshServer:
         Close those that no longer pass (their endpoints go with them); the others'
         certificates, by node."""
         passed: dict[str, SSHOpenSSHCertificate] = {}
+        state = self.policy.trust_state()
         for auth in list(self._authenticated):
             cert, conn, node = auth.certificate, auth.connection, auth.node
             if cert is None or conn is None:
                 continue
-            reason = self.policy.recheck(node, cert, auth.held)
+            reason = self.policy.recheck(node, cert, auth.held, state)
             if reason is None:
                 passed[node] = cert
                 continue

@@ -19,7 +19,13 @@ import pytest
 from edge_agent.config import TunnelConfig
 from edge_agent.dial import PathSilent, dial
 from edge_agent.tunnel import Tunnel
-from edge_agent.tunnel_types import GatewaySilent, SessionEnded, TunnelError, Unanswered
+from edge_agent.tunnel_types import (
+    GatewaySilent,
+    Refused,
+    SessionEnded,
+    TunnelError,
+    Unanswered,
+)
 from gpurelay.wire import Frame, FrameEncoder, Heartbeat, Hello
 from harness.fleet import make_pki
 
@@ -125,6 +131,35 @@ async def test_a_dial_nobody_answers_is_retried_after_a_short_pause_that_does_no
 
     sleeps = await run_until_slept(t, session, 30)
     assert max(sleeps) <= 2.0, sleeps  # 2 x backoff_initial_seconds, attempt 30 as attempt 1
+
+
+async def test_a_refused_dial_is_retried_within_the_herds_pause_and_does_not_grow(
+    tmp_path: Path,
+) -> None:
+    """Issue 26: while a killed gateway restarted, the agents' dials were refused and grew
+    their backoff; the fleet came back 88 s after the kill, 16 % of it in one second. A
+    reset means nothing listens: retry within the pause a session's end gets (10 x
+    backoff_initial_seconds), spread, and never longer."""
+    random.seed(26)
+    t = tunnel(tmp_path)
+
+    async def session(host: str, port: int) -> None:
+        raise Refused("connection refused")
+
+    sleeps = await run_until_slept(t, session, 40)
+    assert max(sleeps) <= 10.0, sleeps
+    assert max(sleeps) > 5.0  # spread over the whole pause, not the unanswered dial's 2 s
+
+
+async def test_a_reset_on_the_gateways_port_is_a_refused_dial(tmp_path: Path) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    t = tunnel(tmp_path, address=f"127.0.0.1:{port}")
+    with pytest.raises(Refused, match=f"127.0.0.1:{port}"):
+        await t._session("127.0.0.1", port)
+    assert t.stats.failures == {"connect": 1}
 
 
 async def test_dial_tells_a_silent_path_from_a_refusal() -> None:

@@ -404,3 +404,15 @@ def test_last_batches_are_the_views_last_batch_times_without_the_views() -> None
     reg.connect("c", remote="r", hello=hello("c"), now=T0)  # no batch yet
     expected = [(v.name, v.last_batch_time) for v in reg.nodes(T0 + 10)]
     assert reg.last_batches() == expected == [("a", T0 + 7), ("b", T0 + 5), ("c", None)]
+
+
+def test_after_a_refresh_the_published_states_are_the_states_of_that_moment() -> None:
+    reg = Registry(StoreConfig(liveness=LivenessPolicy(margin_seconds=2)))
+    online(reg, "a", now=T0)
+    b = online(reg, "b", now=T0)
+    reg.connect("c", remote="r", hello=hello("c"), now=T0)
+    reg.disconnect("b", b.conn_id, now=T0 + 1, reason="silent")
+    for now in (T0 + 1, T0 + 31, T0 + 40):
+        reg.refresh(now)
+        assert reg.published_states() == reg.states(now)
+    assert reg.published_states() == {"a": "stale", "b": "offline", "c": "stale"}
