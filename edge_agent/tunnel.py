@@ -63,9 +63,9 @@ from edge_agent.tunnel_stats import TUNNEL_FAMILIES, TunnelStats
 from edge_agent.tunnel_types import (
     RETRIED,
     PublishedEndpoint,
+    Refused,
     SessionEnded,
     TunnelError,
-    Refused,
     Unanswered,
     load_client_key,
     load_known_hosts,
