@@ -32,7 +32,8 @@ Targets (issue 26) are printed beside each figure with the ratio measured / targ
 Run: .venv/bin/python bench/fleet.py [--nodes 1000] [--interval 10] [--seconds 30]
      [--idle-seconds 30] [--gets 5] [--fast-nodes 100] [--fast-seconds 20] [--procs N]
      [--no-kill] [--logs DIR] [--profile DIR]  (py-spy of the gateway over the idle and
-     the steady window: DIR/idle.txt, DIR/steady.txt, raw stacks)
+     the steady window and the restarted one's first 40 s: DIR/idle.txt, DIR/steady.txt,
+     DIR/herd.txt, raw stacks)
      [--tracemalloc FILE]  (the gateway under tracemalloc: its biggest allocations by line
      written to FILE after phase 2; slows it ~2x, so its CPU figures are not comparable)
 Needs for phase 4's comparison: apt-get install prometheus-pushgateway (else it says so).
@@ -419,6 +420,7 @@ async def phases(
         killed = time.monotonic()
         gw.kill9()
         gw.start()
+        spy = await profile(args, gw, "herd", 40.0)  # the restarted gateway taking them back
         await wait_for(client.ready, 30, "the restarted gateway", poll=0.05, alive=(gw,))
         last: dict[str, Any] = {}
 
@@ -435,6 +437,8 @@ async def phases(
                 f"after {args.back_timeout:g} s only {last.get('acked')} of {n} nodes were back"
             ) from None
         back = time.monotonic() - killed
+        if spy is not None:
+            await spy.wait()
         per_sec = Counter(int(c - killed) for c in last["connected_at"])
         busiest_s, busiest = per_sec.most_common(1)[0]
         table.add(

@@ -161,6 +161,10 @@ class SshServer:
                 agent_forwarding=False,
                 x11_forwarding=False,
                 login_timeout=self._login_timeout,
+                # No GSS-API (logins are by certificate): without this asyncssh looks up
+                # this host's FQDN (socket.getfqdn, DNS) again for every login, in its
+                # small thread pool, which a fleet reconnecting at once queues behind.
+                gss_host=None,
                 keepalive_interval=self.keepalive_seconds,
                 keepalive_count_max=self.keepalive_count_max,
                 backlog=LISTEN_BACKLOG,
