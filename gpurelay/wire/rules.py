@@ -65,8 +65,8 @@ def check_series(decl: SeriesDecl, limits: Limits, done: Passed | None = None) -
             if (
                 (decl.name, decl.type, decl.help) in done.heads
                 and len(labels) <= limits.max_labels
-                and all(type(pair) is tuple and pair in done.pairs for pair in labels)
-                and len({pair[0] for pair in labels}) == len(labels)
+                and done.pairs.issuperset(labels)  # only 2-tuples of str are in it
+                and len(dict(labels)) == len(labels)  # no label name twice
             ):
                 return
         except TypeError:

@@ -398,6 +398,9 @@ BAD_DECLARATIONS = [
     (series_json(sid=-1), "malformed", "'id'"),
     (series_json(sid=2**32), "malformed", "id"),
     (series_json(labels=[["gpu"]]), "malformed", "pair"),
+    (series_json(labels=["ab"]), "malformed", "pair"),  # two characters are not a pair
+    (series_json(labels=[{"a": "b", "c": "d"}]), "malformed", "pair"),
+    (series_json(labels=[["gpu", "0", "1"]]), "malformed", "pair"),
 ]
 
 
@@ -444,6 +447,11 @@ def test_what_passed_in_a_frame_is_remembered_but_never_what_failed() -> None:
     tight = Limits(max_label_value_bytes=0)
     raw = Raw()
     assert "limit of 0" in str(expect("bad_label", raw.hello() + raw.declare(good), tight))
+    raw = Raw()
+    read = FrameDecoder().feed(raw.hello() + raw.declare(good))[1]
+    assert isinstance(read, Declare)
+    assert read.series == (SeriesDecl(id=0, name="DCGM_FI_DEV_GPU_TEMP", type="gauge", help="",
+                                      labels=(("gpu", "0"), ("Hostname", "n"))),)  # fmt: skip
     passed = Passed()
     check_series(decl(0, gpu="0"), DEFAULT, passed)
     head = ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).")
