@@ -64,7 +64,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gateway_ingest import GatewayClient, make_snapshots, start_profiler, take, until
+from bench.gateway_ingest import (
+    GatewayClient,
+    make_snapshots,
+    start_profiler,
+    started,
+    take,
+    until,
+)
 from bench.ingest_fleet import Fleet, Worker, write_specs
 from bench.ingest_report import BenchError, Window
 from bench.ingest_steady import default_procs, pct, shares
@@ -246,36 +253,26 @@ async def run(args: argparse.Namespace, tmp: Path) -> Table:
     )
     client = GatewayClient(gw.url)
     table = Table()
-    try:
-        gw.start()
-        for worker in workers:
-            worker.start()
-        await wait_for(client.ready, 30, "the gateway to be ready", poll=0.1, alive=(gw,))
-        ready = await asyncio.gather(*(w.attach() for w in workers))
-        if sum(ready) != args.nodes:
-            raise BenchError(f"the workers hold {sum(ready)} nodes, not {args.nodes}")
+    async with started(gw, workers, client, args.nodes, args.logs):
         base = gw.sample()
         table.add("gateway RSS, started, no node", f"{base.rss_kib / 1024:.1f} MiB")
         await phases(args, gw, client, fleet, table, tmp, base.rss_kib)
-        return table
-    except BaseException:
-        print(gw.tail(20), file=sys.stderr)
-        for worker in workers:
-            print(worker.tail(10), file=sys.stderr)
-        raise
-    finally:
-        for worker in workers:
-            worker.hang_up()
-        for worker in workers:
-            worker.finish()
-        await client.close()
-        gw.stop()
-        if args.logs:
-            keep = Path(args.logs)
-            keep.mkdir(parents=True, exist_ok=True)
-            for log in [gw.log, *(w.log for w in workers)]:
-                if log.exists():
-                    shutil.copy(log, keep / log.name)
+    return table
+
+
+def per_batch(table: Table, what: str, w0: Window, w1: Window) -> tuple[float, int, float]:
+    """The gateway's CPU per batch applied between two marks, added to the table as
+    ``what``; (CPU seconds, batches, wall seconds)."""
+    batches = w1.gateway_batches - w0.gateway_batches
+    cpu = w1.cpu.cpu_seconds - w0.cpu.cpu_seconds
+    wall = w1.wall - w0.wall
+    each = cpu / max(batches, 1) * 1e6
+    table.add(
+        f"{what}, {batches / wall:.0f} batches/s",
+        f"{each:.0f} us ({per_second(cpu, wall):.1f} % of a core)",
+        f"<= {TARGETS['cpu_per_batch']:g} us", each / TARGETS["cpu_per_batch"],
+    )  # fmt: skip
+    return cpu, batches, wall
 
 
 def worker_load(w0: Window, w1: Window) -> str:
@@ -350,15 +347,7 @@ async def phases(
     w1 = await take(gw, client, fleet, "w1")
     if spy is not None:
         await spy.wait()
-    batches = w1.gateway_batches - w0.gateway_batches
-    cpu = w1.cpu.cpu_seconds - w0.cpu.cpu_seconds
-    wall = w1.wall - w0.wall
-    per_batch = cpu / max(batches, 1) * 1e6
-    table.add(
-        f"gateway CPU per batch at {args.interval:g} s ({batches / wall:.0f} batches/s)",
-        f"{per_batch:.0f} us ({per_second(cpu, wall):.1f} % of a core)",
-        f"<= {TARGETS['cpu_per_batch']:g} us", per_batch / TARGETS["cpu_per_batch"],
-    )  # fmt: skip
+    per_batch(table, f"gateway CPU per batch at {args.interval:g} s", w0, w1)
     print(f"    ({worker_load(w0, w1)})")
     held = sum(int(x["series"]) for x in await client.nodes())
     rss = gw.sample().rss_kib * 1024
@@ -396,15 +385,8 @@ async def phases(
         await asyncio.sleep(args.fast_seconds)
         f1 = await take(gw, client, fleet, "f1")
         await fleet.call("stop_sending")
-        batches = f1.gateway_batches - f0.gateway_batches
-        cpu = f1.cpu.cpu_seconds - f0.cpu.cpu_seconds
-        wall = f1.wall - f0.wall
-        per_batch = cpu / max(batches, 1) * 1e6
-        table.add(
-            f"gateway CPU per batch at 1 s ({fast} nodes sending, {batches / wall:.0f}/s)",
-            f"{per_batch:.0f} us ({per_second(cpu, wall):.1f} % of a core)",
-            f"<= {TARGETS['cpu_per_batch']:g} us", per_batch / TARGETS["cpu_per_batch"],
-        )  # fmt: skip
+        what = f"gateway CPU per batch at 1 s ({fast} nodes sending)"
+        cpu, batches, wall = per_batch(table, what, f0, f1)
         idle_share = idle * (n - fast) / n
         table.add(
             "    less the idle nodes' share (idle rate x their share)",

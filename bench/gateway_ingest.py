@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import math
 import os
@@ -68,7 +69,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,15 +230,30 @@ async def run(args: argparse.Namespace, tmp: Path) -> bool:
     )
 
     client = GatewayClient(gw.url)
+    async with started(gw, workers, client, args.nodes, args.logs):
+        return await measure(args, gw, client, fleet)
+
+
+@contextlib.asynccontextmanager
+async def started(
+    gw: GatewayProc,
+    workers: Sequence[Worker],
+    client: GatewayClient,
+    nodes: int,
+    logs: str | None,
+) -> AsyncIterator[None]:
+    """The gateway and the agents' workers started, the workers ready with ``nodes`` nodes
+    in all. On the way out, whatever happened, every process is stopped (the ends of their
+    logs printed on an error) and the logs are copied to ``logs`` when given."""
     try:
         gw.start()
         for worker in workers:
             worker.start()
         await wait_for(client.ready, 30, "the gateway to be ready", poll=0.1, alive=(gw,))
         ready = await asyncio.gather(*(w.attach() for w in workers))
-        if sum(ready) != args.nodes:
-            raise BenchError(f"the workers hold {sum(ready)} nodes, not {args.nodes}")
-        return await measure(args, gw, client, fleet)
+        if sum(ready) != nodes:
+            raise BenchError(f"the workers hold {sum(ready)} nodes, not {nodes}")
+        yield
     except BaseException:
         print(gw.tail(20), file=sys.stderr)
         for worker in workers:
@@ -252,8 +268,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> bool:
         status = gw.stop()
         if status not in (0, None, -signal.SIGTERM):
             print(f"gateway exited with status {status}", file=sys.stderr)
-        if args.logs:
-            keep = Path(args.logs)
+        if logs:
+            keep = Path(logs)
             keep.mkdir(parents=True, exist_ok=True)
             for log in [gw.log, *(w.log for w in workers)]:
                 if log.exists():

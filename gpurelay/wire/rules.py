@@ -7,6 +7,7 @@ prefixes) on top."""
 from __future__ import annotations
 
 import re
+from collections.abc import Set
 from typing import Final
 
 from gpurelay.model import Labels
@@ -46,7 +47,10 @@ class Passed:
         self.pairs: set[tuple[str, str]] = set()
 
 
-def _known_pair(pair: object, done: set[tuple[str, str]]) -> bool:
+NONE_PASSED: Final[frozenset[tuple[str, str]]] = frozenset()
+
+
+def _known_pair(pair: object, done: Set[tuple[str, str]]) -> bool:
     try:
         return type(pair) is tuple and pair in done
     except TypeError:  # a part that cannot be hashed is not a string
@@ -58,9 +62,12 @@ def check_series(decl: SeriesDecl, limits: Limits, done: Passed | None = None) -
     ``done``: what passed earlier in the same frame (under the same limits), skipped."""
     sid = decl.id
     labels = decl.labels
-    if done is None:
-        done = Passed()
-    elif type(sid) is int and 0 <= sid <= MAX_SERIES_ID and type(labels) is tuple:
+    if (
+        done is not None
+        and type(sid) is int
+        and 0 <= sid <= MAX_SERIES_ID
+        and type(labels) is tuple
+    ):
         try:  # the fast path: every part was checked before (an unhashable part: not so)
             if (
                 (decl.name, decl.type, decl.help) in done.heads
@@ -101,13 +108,14 @@ def check_series(decl: SeriesDecl, limits: Limits, done: Passed | None = None) -
             f"series {sid} ({name}): help is {size} bytes long, "
             f"more than the limit of {limits.max_help_bytes}",
         )
-    check_labels(sid, name, decl.labels, limits, done.pairs)
-    done.heads.add((name, decl.type, decl.help))
-    done.pairs.update(decl.labels)
+    check_labels(sid, name, decl.labels, limits, NONE_PASSED if done is None else done.pairs)
+    if done is not None:
+        done.heads.add((name, decl.type, decl.help))
+        done.pairs.update(decl.labels)
 
 
 def check_labels(
-    sid: int, name: str, labels: Labels, limits: Limits, known: set[tuple[str, str]]
+    sid: int, name: str, labels: Labels, limits: Limits, known: Set[tuple[str, str]]
 ) -> None:
     where = f"series {sid} ({name})"
     if not isinstance(labels, tuple):
