@@ -115,22 +115,19 @@ def refuse_room(
     *,
     name: str,
     counter: bool,
-    labels: Labels,
     series: int,
     max_series: int,
     used_bytes: int,
     budget: int,
     new_family: bool,
     family_type: Callable[[str], str | None],
-    cost: int | None = None,
+    cost: int,
 ) -> Refusal | None:
     """Why a node may not add one more series record: its series count, its label-byte
     budget, or (for a family new to the fleet) a name that clashes in OpenMetrics.
-    ``cost``: the series' :func:`label_bytes`, when the caller has it already."""
+    ``cost``: the series' :func:`label_bytes`."""
     if series >= max_series:
         return Refusal(TOO_MANY_SERIES, f"node has {series} series, the limit")
-    if cost is None:
-        cost = label_bytes(name, labels)
     if used_bytes + cost > budget:
         return Refusal(
             LABEL_BYTES,

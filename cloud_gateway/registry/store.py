@@ -330,7 +330,6 @@ class Registry(RegistryReads):
             refusal = policy.refuse_room(
                 name=sd.name,
                 counter=sd.type == "counter",
-                labels=labels,
                 cost=cost,
                 series=len(n.series),
                 max_series=self.config.max_series_per_node,
