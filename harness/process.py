@@ -26,6 +26,7 @@ class ProcSample:
     cpu_seconds: float  # utime + stime, all threads
     rss_kib: int
     peak_rss_kib: int
+    system_seconds: float = 0.0  # stime alone: in the kernel on the process's behalf
 
 
 def clean_env(*prefixes: str) -> dict[str, str]:
@@ -86,8 +87,8 @@ class Process:
             key, _, value = line.partition(":")
             if key in memory:
                 memory[key] = int(value.split()[0])
-        cpu = (utime + stime) / os.sysconf("SC_CLK_TCK")
-        return ProcSample(cpu, memory["VmRSS"], memory["VmHWM"])
+        tck = os.sysconf("SC_CLK_TCK")
+        return ProcSample((utime + stime) / tck, memory["VmRSS"], memory["VmHWM"], stime / tck)
 
     stop_signal = signal.SIGTERM  # what asks this process to stop cleanly
 
