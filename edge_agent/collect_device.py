@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from edge_agent.fields import (
     NoValueYet,
     Probe,
 )
+from edge_agent.health import DEFAULT_WINDOW_MS, HealthHistory
 from edge_agent.nvml.backend import NvmlLib
 from edge_agent.nvml.devices import GpuDevice
 from edge_agent.nvml.gpm import GpmStreams, entity_key
@@ -64,8 +66,12 @@ class DeviceCollector:
         degraded: Degraded | None = None,
         guard: GpuGuard | None = None,
         deadline_seconds: float = 5.0,
+        xid_window_ms: int = DEFAULT_WINDOW_MS,
+        clock_events_window_ms: int = DEFAULT_WINDOW_MS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lib = lib
+        self._clock = clock  # monotonic: the windows of the DCGM_EXP_* series
         self.degraded = degraded or Degraded()
         # The GPUs are read in the guard's worker thread, each for at most deadline_seconds:
         # a hung NVML call leaves that GPU out (stalled), the others are still published.
@@ -98,13 +104,17 @@ class DeviceCollector:
                     spec.field, "no NVML source for this field"
                 )
                 continue
-            if spec.field == "DCGM_FI_DEV_XID_ERRORS" and (xid is None or xid.unsupported_reason):
+            watches_xids = spec.field in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT")
+            if watches_xids and (xid is None or xid.unsupported_reason):
                 self.unsupported[spec.field] = xid.unsupported_reason if xid else "no event set"
                 continue
             self._active.append(_Active(spec, source))
         self._gpm = self._open_gpm()
         self._carry = {  # per GPU and GPU instance, from one cycle to the next
-            entity_key(d.uuid, gi): Carryover(gpm=self._gpm.get(entity_key(d.uuid, gi)))
+            entity_key(d.uuid, gi): Carryover(
+                gpm=self._gpm.get(entity_key(d.uuid, gi)),
+                health=HealthHistory(xid_window_ms, clock_events_window_ms),
+            )
             for d in devices
             for gi in (None, *(inst.gpu_instance_id for inst in d.mig))
         }
@@ -219,8 +229,16 @@ class DeviceCollector:
         )
 
     def _collect_gpu(self, dev: GpuDevice, sink: SampleSink) -> GpuInventory:
-        xid = self._xid.last(dev.uuid) if self._xid else None
-        probe = Probe(self._lib, dev.handle, xid, self._carry[entity_key(dev.uuid)])
+        watcher = self._xid
+        probe = Probe(
+            self._lib,
+            dev.handle,
+            watcher.last(dev.uuid) if watcher else None,
+            self._carry[entity_key(dev.uuid)],
+            now=self._clock(),
+            xid_events=watcher.events(dev.uuid) if watcher else None,
+            xids_seen=watcher.seen(dev.uuid) if watcher else None,
+        )
         base = self._base[dev.uuid]
         gpu_labels = (*base, *self.pod_labels(dev.uuid, None))
         healthy = True
@@ -286,6 +304,10 @@ class DeviceCollector:
             if key in skip:
                 continue
             try:
+                if active.source.series is not None:
+                    for extra, value in active.source.series(probe):
+                        sink.add(name, (*labels, *extra), value)
+                    continue
                 value = active.source.read(probe)
             except _GPU_FATAL:
                 raise

@@ -215,6 +215,11 @@ class AgentConfig:
     # are published, and the liveness probe does not see a stuck agent.
     nvml_deadline_seconds: float = 5.0
     counters_file: Path | None = None
+    # The windows of DCGM_EXP_XID_ERRORS_COUNT and DCGM_EXP_CLOCK_EVENTS_COUNT (when the
+    # counters file lists them), as dcgm-exporter's --xid-count-window-size and
+    # --clock-events-count-window-size: milliseconds, 5 minutes by default.
+    xid_count_window_ms: int = 300_000
+    clock_events_count_window_ms: int = 300_000
     log_level: str = "info"
     log_format: str = "text"  # or "json": one JSON object per line (gpurelay.logs)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
@@ -342,6 +347,9 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("interval_seconds and process_interval_seconds must be > 0")
     if cfg.nvml_deadline_seconds <= 0:
         raise ConfigError("nvml_deadline_seconds must be > 0")
+    for name in ("xid_count_window_ms", "clock_events_count_window_ms"):
+        if not 1_000 <= getattr(cfg, name) <= 7 * 86_400_000:
+            raise ConfigError(f"{name} must be between 1000 (1 s) and 604800000 (a week)")
     if cfg.simulate.gpus < 0 or cfg.simulate.gpus > 64:
         raise ConfigError("simulate.gpus must be between 0 and 64")
     if cfg.simulate.profile:

@@ -13,12 +13,14 @@ bandwidth from cumulative counters) keep what they need from one cycle to the ne
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
+from edge_agent import health
+from edge_agent.health import HealthHistory
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.gpm import GpmStream
 from gpurelay.model import MIB
@@ -35,6 +37,7 @@ class Carryover:
     gpm: GpmStream | None = None  # None: no NVML GPM here (or no longer: gpm_lost says why)
     totals: dict[str, tuple[float, float]] = field(default_factory=dict)  # (total, seconds)
     gpm_lost: str = ""  # why sampling was given up (NO_PERMISSION, ...), for the report
+    health: HealthHistory = field(default_factory=HealthHistory)  # the DCGM_EXP_* series'
 
     def give_up_gpm(self, reason: str) -> None:
         """Sampling fails for good here: free the samples, read what has another source
@@ -55,7 +58,7 @@ class Carryover:
 class Probe:
     """Memoised NVML calls on one handle for one collection cycle."""
 
-    __slots__ = ("_memo", "carry", "handle", "lib", "xid")
+    __slots__ = ("_memo", "carry", "handle", "lib", "now", "xid", "xid_events", "xids_seen")
 
     def __init__(
         self,
@@ -63,11 +66,18 @@ class Probe:
         handle: Handle,
         xid: int | None = None,
         carry: Carryover | None = None,
+        *,
+        now: float = 0.0,
+        xid_events: Sequence[tuple[float, int]] | None = None,
+        xids_seen: frozenset[int] | None = None,
     ) -> None:
         self.lib = lib
         self.handle = handle
-        self.xid = xid
+        self.xid = xid  # the last XID (None: XIDs cannot be watched on this GPU)
         self.carry = carry
+        self.now = now  # monotonic seconds of this cycle (windows of the DCGM_EXP_* series)
+        self.xid_events = xid_events  # (monotonic time, XID) the GPU reported, oldest first
+        self.xids_seen = xids_seen  # every XID since the agent started
         self._memo: dict[tuple[Any, ...], Any] = {}
 
     @property
@@ -130,6 +140,7 @@ class Probe:
 
 
 Reader = Callable[[Probe], float]
+SeriesReader = Callable[[Probe], health.Series]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +149,16 @@ class FieldSource:
     mig: bool = False  # also meaningful on a MIG instance handle
     gpm: int = 0  # the NVML GPM metric it reads (0: none)
     gpm_only: bool = False  # no value at all without GPM (no other NVML source)
+    # Several series per GPU, each with labels of its own (the DCGM_EXP_* health series):
+    # read instead of ``read``.
+    series: SeriesReader | None = None
+
+
+def _several(reader: SeriesReader) -> FieldSource:
+    def single(_probe: Probe) -> float:
+        raise TypeError("a field of several series is read with FieldSource.series")
+
+    return FieldSource(single, series=reader)
 
 
 def _gpm(
@@ -353,6 +374,10 @@ SOURCES: dict[str, FieldSource] = {
         lambda p: p.call("nvmlDeviceGetRemappedRows")[1]
     ),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": FieldSource(lambda p: p.call("nvmlDeviceGetRemappedRows")[3]),
+    # dcgm-exporter's own health series (edge_agent.health)
+    "DCGM_EXP_XID_ERRORS_COUNT": _several(health.xid_counts),
+    "DCGM_EXP_CLOCK_EVENTS_COUNT": _several(lambda p: health.clock_event_counts(p, _clock_reasons)),
+    "DCGM_EXP_GPU_HEALTH_STATUS": _several(health.health_status),
 }
 
 # Fields whose value becomes a label on every device series (prom type "label").
@@ -362,8 +387,5 @@ LABEL_SOURCES: frozenset[str] = frozenset(
 
 # Why a well-known field has no NVML source, for the start-up report.
 NO_SOURCE_REASONS: dict[str, str] = {
-    "DCGM_EXP_CLOCK_EVENTS_COUNT": "dcgm-exporter's own count, made from DCGM's event log",
-    "DCGM_EXP_XID_ERRORS_COUNT": "dcgm-exporter's own count, made from DCGM's event log",
-    "DCGM_EXP_GPU_HEALTH_STATUS": "needs DCGM's health watches (not in NVML)",
     "DCGM_EXP_P2P_STATUS": "dcgm-exporter's own NVLink P2P check (not in NVML)",
 }

@@ -163,6 +163,8 @@ def build_pipeline(
         degraded=degraded,
         guard=guard,
         deadline_seconds=deadline,
+        xid_window_ms=cfg.xid_count_window_ms,
+        clock_events_window_ms=cfg.clock_events_count_window_ms,
     )
     process = ProcessCollector(
         lib,

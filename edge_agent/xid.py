@@ -1,7 +1,9 @@
-"""XID errors: a background thread waits on an NVML event set and records the last XID.
+"""XID errors: a background thread waits on an NVML event set and records each XID.
 
-The collection loop reads the recorded value without ever blocking on NVML events
-(dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` semantics: the last XID seen, 0 for none).
+The collection loop reads what was recorded without ever blocking on NVML events: the
+last XID (dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` semantics: 0 for none), and for
+the health series (:mod:`edge_agent.health`) each XID with its time, the last
+:data:`KEPT_EVENTS` per GPU, and every XID seen since the agent started.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -21,6 +25,9 @@ from edge_agent.nvml.devices import GpuDevice
 log = logging.getLogger(__name__)
 
 WAIT_MS = 500
+# XID events kept per GPU for the XID count window (a GPU in an XID storm reports a few
+# per second at most: 4,096 covers the default 5-minute window; beyond it the oldest go).
+KEPT_EVENTS = 4096
 
 
 def _address(handle: Handle) -> int | None:
@@ -31,10 +38,19 @@ def _address(handle: Handle) -> int | None:
 class XidWatcher:
     """Owns one NVML event set; ``last(uuid)`` is None when XIDs cannot be watched."""
 
-    def __init__(self, lib: NvmlLib, devices: Sequence[GpuDevice]) -> None:
+    def __init__(
+        self,
+        lib: NvmlLib,
+        devices: Sequence[GpuDevice],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._lib = lib
+        self._clock = clock
         self._by_address: dict[int | None, str] = {}
         self._last: dict[str, int] = {}
+        self._events: dict[str, deque[tuple[float, int]]] = {}  # (clock time, XID)
+        self._seen: dict[str, frozenset[int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -61,6 +77,8 @@ class XidWatcher:
                 continue
             self._by_address[_address(dev.handle)] = dev.uuid
             self._last[dev.uuid] = 0
+            self._events[dev.uuid] = deque(maxlen=KEPT_EVENTS)
+            self._seen[dev.uuid] = frozenset()
         if not self._by_address:
             self.unsupported_reason = "no GPU accepts XID event registration"
 
@@ -72,6 +90,17 @@ class XidWatcher:
     def last(self, uuid: str) -> int | None:
         with self._lock:
             return self._last.get(uuid)
+
+    def events(self, uuid: str) -> tuple[tuple[float, int], ...] | None:
+        """The GPU's recorded XIDs with their times, oldest first (None: not watched)."""
+        with self._lock:
+            kept = self._events.get(uuid)
+            return None if kept is None else tuple(kept)
+
+    def seen(self, uuid: str) -> frozenset[int] | None:
+        """Every XID the GPU reported since the watcher started (None: not watched)."""
+        with self._lock:
+            return self._seen.get(uuid)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -94,6 +123,9 @@ class XidWatcher:
             log.warning("GPU %s reported XID %d", uuid, xid)
             with self._lock:
                 self._last[uuid] = xid
+                self._events[uuid].append((self._clock(), xid))
+                if xid not in self._seen[uuid]:
+                    self._seen[uuid] = self._seen[uuid] | {xid}
 
     def stop(self) -> None:
         self._stop.set()

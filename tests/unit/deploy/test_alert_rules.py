@@ -28,7 +28,7 @@ GUIDE = ROOT / "docs" / "operator-guide.md"
 SEVERITIES = {"critical", "warning"}
 # Series the gateway publishes about the gateway itself have no node; they name its instance.
 GATEWAY_LEVEL = re.compile(r"^gpurelay_gateway_")
-METRIC = re.compile(r"\b(gpurelay_[a-z_]+|DCGM_FI_[A-Z0-9_]+)\b")
+METRIC = re.compile(r"\b(gpurelay_[a-z_]+|DCGM_(?:FI|EXP)_[A-Z0-9_]+)\b")
 
 
 @cache
