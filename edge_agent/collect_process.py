@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -151,6 +151,9 @@ class ProcessCollector:
         # (namespace, pod, container) -> UUIDs of the GPUs its processes ran on in the last
         # pass (edge_agent.collect_alloc: which GPU a GPU-memory request landed on)
         self.pod_gpus: dict[tuple[str, str, str], set[str]] = {}
+        # The allow-listed labels and annotations of a pod (namespace, name): the pipeline
+        # sets it to PodMetadata.labels when [kubernetes] lists some.
+        self.pod_metadata: Callable[[str, str], Labels] = lambda _namespace, _pod: ()
 
     @staticmethod
     def _iter_targets(devices: Sequence[GpuDevice]) -> Iterator[_Target]:
@@ -325,6 +328,7 @@ class ProcessCollector:
             ("gpu", str(dev.index)),
             ("UUID", dev.uuid),
             ("GPU_I_ID", target.gpu_instance_id),
+            *(self.pod_metadata(a.namespace, a.pod_name) if a.pod_name else ()),
         )
         labels = (
             *owner,

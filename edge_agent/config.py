@@ -76,6 +76,25 @@ class AttributionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class KubernetesConfig:
+    """Pod labels and annotations as metric labels (edge_agent.attribute.pod_metadata):
+    the keys to copy, at most 16 in all; none (the default) reads nothing."""
+
+    pod_labels: tuple[str, ...] = ()
+    pod_annotations: tuple[str, ...] = ()
+    # "" in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    api_server: str = ""
+    token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    refresh_seconds: float = 30.0
+    timeout_seconds: float = 5.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.pod_labels or self.pod_annotations)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TunnelConfig:
     """Where and how to push. An empty address means: serve locally only, do not push."""
 
@@ -224,6 +243,7 @@ class AgentConfig:
     log_format: str = "text"  # or "json": one JSON object per line (gpurelay.logs)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     gateway: TunnelConfig = field(default_factory=TunnelConfig)
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     # Endpoints reachable through the tunnel. The agent's own exporter is always offered
@@ -328,6 +348,21 @@ def _validate_pod_resources(cfg: AgentConfig) -> None:
         )
 
 
+def _validate_kubernetes(k: KubernetesConfig) -> None:
+    from edge_agent.attribute.pod_metadata import MAX_KEYS
+
+    keys = (*k.pod_labels, *k.pod_annotations)
+    if len(keys) > MAX_KEYS:
+        raise ConfigError(
+            f"kubernetes.pod_labels and pod_annotations list {len(keys)} keys; at most "
+            f"{MAX_KEYS} (each is a label on every series of the pod's GPUs)"
+        )
+    if any(not key or len(key) > 317 for key in keys):  # a Kubernetes key: 253 + "/" + 63
+        raise ConfigError("kubernetes.pod_labels and pod_annotations: a key is empty or too long")
+    if not (k.refresh_seconds > 0 and k.timeout_seconds > 0):
+        raise ConfigError("kubernetes.refresh_seconds and timeout_seconds must be > 0")
+
+
 def _validate_profile(name: str) -> None:
     # imported here: the profiles name pynvml's codes, and loading a config (the installer
     # checks the one it writes) must not need pynvml
@@ -355,6 +390,7 @@ def _validate(cfg: AgentConfig) -> None:
     if cfg.simulate.profile:
         _validate_profile(cfg.simulate.profile)
     _validate_pod_resources(cfg)
+    _validate_kubernetes(cfg.kubernetes)
     if cfg.node_label not in NODE_LABEL_NAMES:
         raise ConfigError(
             f"node_label must be one of {', '.join(NODE_LABEL_NAMES)}, not {cfg.node_label!r}"

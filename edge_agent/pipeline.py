@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.attribute import Attributor
+from edge_agent.attribute.pod_metadata import PodMetadata, api_server_fetch
 from edge_agent.attribute.pod_resources import PodDevices
 from edge_agent.catalog import load_counters
 from edge_agent.collect import Collector
@@ -26,7 +27,7 @@ from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import GPU_MEMORY_UNITS_MIB, AgentConfig, resolve_node_name
 from edge_agent.degraded import Degraded
-from edge_agent.errors import NvmlUnavailable
+from edge_agent.errors import ConfigError, NvmlUnavailable
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.nvml.guard import GpuGuard
@@ -176,8 +177,14 @@ def build_pipeline(
         deadline_seconds=deadline,
     )
     pods, alloc = _pod_resources(cfg, lib, devices, node, lambda: process.pod_gpus)
+    metadata = _pod_metadata(cfg, node)
     if pods is not None:
         device.pod_labels = pods.device_labels
+        if metadata is not None:
+            device_labels = pods.device_labels
+            device.pod_labels = lambda uuid, gi: metadata.with_pod(device_labels(uuid, gi))
+    if metadata is not None:
+        process.pod_metadata = metadata.labels
     collection = Collector(
         node=node,
         node_label=cfg.node_label,
@@ -198,10 +205,36 @@ def build_pipeline(
         driver,
         ", ".join(f"{d.index}={d.name}{' (MIG)' if d.mig else ''}" for d in devices) or "none",
     )
-    on_close = [*backend_.on_close, *([pods.close] if pods is not None else [])]
+    on_close = [
+        *backend_.on_close,
+        *([pods.close] if pods is not None else []),
+        *([metadata.stop] if metadata is not None else []),
+    ]
     return Pipeline(
         node, backend, lib, collection, xid, attributor, driver, backend_.scratch, on_close
     )
+
+
+def _pod_metadata(cfg: AgentConfig, node: str) -> PodMetadata | None:
+    """The pods' allow-listed labels and annotations, read in the background, if listed."""
+    k = cfg.kubernetes
+    if not k.enabled:
+        return None
+    try:
+        fetch = api_server_fetch(
+            node,
+            server=k.api_server,
+            token_file=k.token_file,
+            ca_file=k.ca_file,
+            timeout=k.timeout_seconds,
+        )
+    except (ValueError, OSError) as exc:  # no API server to ask, an unreadable CA
+        raise ConfigError(f"kubernetes.pod_labels/pod_annotations: {exc}") from exc
+    metadata = PodMetadata(
+        k.pod_labels, k.pod_annotations, fetch, refresh_seconds=k.refresh_seconds
+    )
+    metadata.start()
+    return metadata
 
 
 def _pod_resources(
