@@ -59,8 +59,8 @@ def by_key(docs: list[Doc]) -> dict[tuple[str, str], Doc]:
     return keyed
 
 
-def find(docs: list[Doc], kind: str) -> Doc:
-    (found,) = [d for d in docs if d["kind"] == kind]
+def find(docs: list[Doc], kind: str, name: str) -> Doc:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
     return found
 
 
@@ -71,6 +71,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "no rule": {"prometheusRule": {"enabled": False}},
     "agent only, own namespace": {
         "agent": {"namespace": "gpu-telemetry", "createNamespace": False},
+        "gateway": {"enabled": False},
         "prometheusRule": {"enabled": False},
     },
     "default runtime": {"agent": {"runtimeClassName": ""}},
@@ -86,6 +87,37 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         }
     },
     "rule for a release": {"prometheusRule": {"labels": {"release": "kube-prometheus-stack"}}},
+    "no gateway": {"gateway": {"enabled": False}},
+    "gateway, own secrets and namespace": {
+        "agent": {"enabled": False},
+        "prometheusRule": {"enabled": False},
+        "gateway": {
+            "namespace": "gpu-gateway",
+            "createNamespace": False,
+            "secrets": {"create": False},
+            "serviceMonitor": {"enabled": False},
+            "proxiedScrapeConfig": False,
+        },
+    },
+    "gateway secrets from values": {
+        "gateway": {
+            "secrets": {
+                "placeholder": False,
+                "userCaPub": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA user-ca\n",
+                "revocations": "",
+                "hostKey": "-----BEGIN OPENSSH PRIVATE KEY-----\n...\n",
+                "hostKeyCertificate": "ssh-ed25519-cert-v01@openssh.com AAAA host\n",
+                "operatorToken": "t" * 43,
+            }
+        }
+    },
+    "gateway behind a node port": {
+        "gateway": {
+            "sshService": {"type": "NodePort", "annotations": {"example.com/lb": "x"}},
+            "serviceMonitor": {"interval": "30s", "labels": {"release": "prom"}},
+        }
+    },
+    "gateway on a cluster IP": {"gateway": {"sshService": {"type": "ClusterIP"}}},
 }
 
 
@@ -98,7 +130,9 @@ def test_the_chart_carries_the_alert_rules_unchanged() -> None:
 
 def test_defaults_render_the_raw_manifests() -> None:
     rendered = by_key(render())
-    expected = by_key(raw("edge-agent-daemonset.yaml", "prometheus-rules.yaml"))
+    expected = by_key(
+        raw("edge-agent-daemonset.yaml", "cloud-gateway.yaml", "prometheus-rules.yaml")
+    )
     assert set(rendered) == set(expected)
     for key, doc in expected.items():
         assert rendered[key] == doc, f"{key} differs from deploy/kubernetes/"
@@ -109,8 +143,8 @@ def test_pod_labels_render_the_raw_rbac_and_mount_the_token() -> None:
     rendered = by_key(docs)
     for key, doc in by_key(raw("edge-agent-pod-labels-rbac.yaml")).items():
         assert rendered[key] == doc
-    assert find(docs, "ServiceAccount")["automountServiceAccountToken"] is True
-    pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert find(docs, "ServiceAccount", "edge-agent")["automountServiceAccountToken"] is True
+    pod = find(docs, "DaemonSet", "edge-agent")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
 
 
@@ -121,6 +155,10 @@ def test_every_combination_is_valid_for_kubernetes(name: str) -> None:
         if doc["kind"] == "PrometheusRule":  # no schema in kubernetes-validate
             assert set(doc["spec"]) == {"groups"} and doc["spec"]["groups"]
             continue
+        if doc["kind"] == "ServiceMonitor":  # nor for this one: its fields as in the raw one
+            expected = by_key(raw("cloud-gateway.yaml"))[("ServiceMonitor", "cloud-gateway")]
+            assert set(doc["spec"]) == set(expected["spec"])
+            continue
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
@@ -129,31 +167,65 @@ def test_values_reach_the_objects() -> None:
     assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "DaemonSet"}
     assert {d["metadata"]["namespace"] for d in docs} == {"gpu-telemetry"}
     docs = render({"agent": {"namespace": "gpu-telemetry", "podLabelsRbac": True}})
-    binding = find(docs, "ClusterRoleBinding")
+    binding = find(docs, "ClusterRoleBinding", "edge-gpu-relay-agent-pods")
     assert binding["subjects"][0]["namespace"] == "gpu-telemetry"
-    pod = find(render(COMBINATIONS["gateway address"]), "DaemonSet")["spec"]["template"]["spec"]
+    pod = find(render(COMBINATIONS["gateway address"]), "DaemonSet", "edge-agent")["spec"][
+        "template"
+    ]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["EDGE_AGENT_GATEWAY_ADDRESS"] == "gw.example.com:2222"
     assert (
         "runtimeClassName"
-        not in find(render(COMBINATIONS["default runtime"]), "DaemonSet")["spec"]["template"][
-            "spec"
-        ]
+        not in find(render(COMBINATIONS["default runtime"]), "DaemonSet", "edge-agent")["spec"][
+            "template"
+        ]["spec"]
     )
-    pod = find(render(COMBINATIONS["extra env and image"]), "DaemonSet")["spec"]["template"]["spec"]
+    pod = find(render(COMBINATIONS["extra env and image"]), "DaemonSet", "edge-agent")["spec"][
+        "template"
+    ]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "registry.example.com/edge-agent:0.1.1"
     assert container["env"][-1] == {"name": "EDGE_AGENT_LOG_LEVEL", "value": "debug"}
     assert pod["nodeSelector"] == {"gpu": "yes"} and "tolerations" not in pod
-    rule = find(render(COMBINATIONS["rule for a release"]), "PrometheusRule")
+    rule = find(render(COMBINATIONS["rule for a release"]), "PrometheusRule", "edge-gpu-relay")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert not [d for d in render(COMBINATIONS["no agent"]) if d["kind"] != "PrometheusRule"]
+    no_agent = render(COMBINATIONS["no agent"])
+    assert not [d for d in no_agent if d["metadata"]["name"].startswith("edge-agent")]
+    assert ("Namespace", "edge-gpu-relay") not in by_key(no_agent)
+
+
+def test_gateway_values_reach_the_objects() -> None:
+    docs = render(COMBINATIONS["gateway, own secrets and namespace"])
+    gateway = [d for d in docs if d["metadata"].get("namespace") == "gpu-gateway"]
+    assert {d["kind"] for d in gateway} == {"ServiceAccount", "ConfigMap", "Deployment", "Service"}
+    assert not [d for d in docs if d["kind"] in ("Secret", "ServiceMonitor", "Namespace")]
+    secrets = by_key(render(COMBINATIONS["gateway secrets from values"]))
+    host = secrets[("Secret", "cloud-gateway-host")]
+    assert host["stringData"]["host_key"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert "edge-gpu-relay/placeholder" not in host["metadata"]["labels"]
+    assert secrets[("Secret", "cloud-gateway-tokens")]["stringData"]["operator.token"] == "t" * 43
+    nodeport = by_key(render(COMBINATIONS["gateway behind a node port"]))
+    ssh = nodeport[("Service", "cloud-gateway-ssh")]
+    assert ssh["spec"]["type"] == "NodePort"
+    assert ssh["metadata"]["annotations"] == {"example.com/lb": "x"}
+    monitor = nodeport[("ServiceMonitor", "cloud-gateway")]
+    assert monitor["spec"]["endpoints"][0]["interval"] == "30s"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    inside = by_key(render(COMBINATIONS["gateway on a cluster IP"]))[
+        ("Service", "cloud-gateway-ssh")
+    ]
+    assert inside["spec"]["type"] == "ClusterIP" and "externalTrafficPolicy" not in inside["spec"]
+
+
+def test_a_mode_the_chart_does_not_have_is_a_clear_error() -> None:
+    with pytest.raises(helm().HelmRenderError, match=r"cloud-gateway-cluster\.yaml"):
+        render({"gateway": {"mode": "cluster"}})
 
 
 def test_the_config_value_is_the_agents_configuration(tmp_path: Path) -> None:
     """The chart's default agent.toml loads in the agent (as the raw ConfigMap's does)."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    config = find(render(), "ConfigMap")["data"]["agent.toml"]
+    config = find(render(), "ConfigMap", "edge-agent-config")["data"]["agent.toml"]
     assert config == values["agent"]["config"]
     path = tmp_path / "agent.toml"
     path.write_text(config)
