@@ -217,9 +217,42 @@ def test_gateway_values_reach_the_objects() -> None:
     assert inside["spec"]["type"] == "ClusterIP" and "externalTrafficPolicy" not in inside["spec"]
 
 
+def cluster_values(**gateway: Any) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART / "values-cluster.yaml").read_text())
+    values["gateway"].update(gateway)
+    return {**values, "agent": {"enabled": False}, "prometheusRule": {"enabled": False}}
+
+
+def test_values_cluster_render_the_raw_cluster_manifest() -> None:
+    rendered = by_key(render(cluster_values()))
+    expected = by_key(raw("cloud-gateway-cluster.yaml"))
+    assert set(rendered) == set(expected)
+    for key, doc in expected.items():
+        assert rendered[key] == doc, f"{key} differs from deploy/kubernetes/"
+
+
+def test_cluster_values_reach_the_objects() -> None:
+    secrets = {
+        "placeholder": False,
+        "databaseDsn": "postgresql://gw:pw@db:5432/relay",
+        "peerToken": "p" * 43,
+    }
+    docs = by_key(render(cluster_values(cluster={"replicas": 5}, secrets=secrets)))
+    assert docs[("Deployment", "cloud-gateway")]["spec"]["replicas"] == 5
+    dsn = docs[("Secret", "cloud-gateway-database")]
+    assert dsn["stringData"]["dsn"] == "postgresql://gw:pw@db:5432/relay"
+    assert "edge-gpu-relay/placeholder" not in dsn["metadata"]["labels"]
+    assert docs[("Secret", "cloud-gateway-peer")]["stringData"]["peer.token"] == "p" * 43
+    for doc in docs.values():
+        if doc["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    own = render(cluster_values(secrets={"create": False}))
+    assert not [d for d in own if d["kind"] == "Secret"]
+
+
 def test_a_mode_the_chart_does_not_have_is_a_clear_error() -> None:
-    with pytest.raises(helm().HelmRenderError, match=r"cloud-gateway-cluster\.yaml"):
-        render({"gateway": {"mode": "cluster"}})
+    with pytest.raises(helm().HelmRenderError, match=r"single \(one gateway\) or cluster"):
+        render({"gateway": {"mode": "ha"}})
 
 
 def test_the_config_value_is_the_agents_configuration(tmp_path: Path) -> None:
