@@ -118,6 +118,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         }
     },
     "gateway on a cluster IP": {"gateway": {"sshService": {"type": "ClusterIP"}}},
+    "BIE collector too": {"bie": {"enabled": True}},
 }
 
 
@@ -229,6 +230,17 @@ def test_values_cluster_render_the_raw_cluster_manifest() -> None:
     assert set(rendered) == set(expected)
     for key, doc in expected.items():
         assert rendered[key] == doc, f"{key} differs from deploy/kubernetes/"
+
+
+def test_bie_renders_the_raw_bie_manifest() -> None:
+    only_bie = {
+        "bie": {"enabled": True},
+        "agent": {"enabled": False},
+        "gateway": {"enabled": False},
+        "prometheusRule": {"enabled": False},
+    }
+    assert by_key(render(only_bie)) == by_key(raw("bie-accelerator-metrics.yaml"))
+    assert not [d for d in render() if d["metadata"].get("namespace") == "baetyl-edge-system"]
 
 
 def test_cluster_values_reach_the_objects() -> None:
