@@ -47,9 +47,14 @@ from cloud_gateway.registry.types import state_families
 from cloud_gateway.relay.endpoints import EndpointTable
 from cloud_gateway.relay.peers import PeerClient, start_peer_listener
 from cloud_gateway.relay.relay import Relay
-from cloud_gateway.remote_write.client import RemoteWriter
-from cloud_gateway.remote_write.config import check_remote_write
-from cloud_gateway.remote_write.forwarder import remote_write_families
+from cloud_gateway.remote_write.client import Fanout, RemoteWriter, Writer
+from cloud_gateway.remote_write.config import check_otlp, check_remote_write
+from cloud_gateway.remote_write.forwarder import (
+    delivery_families,
+    otlp_families,
+    remote_write_families,
+)
+from cloud_gateway.remote_write.otlp import OtlpWriter
 from cloud_gateway.self_metrics import SelfMetrics
 from cloud_gateway.ssh.balancer_listener import proxied_listener
 from cloud_gateway.ssh.config import parse_sibling_rules
@@ -59,6 +64,7 @@ from cloud_gateway.ssh.logins import CertificatePolicy, node_log
 from cloud_gateway.ssh.server import SshServer
 from cloud_gateway.trust.auth_policy import load_trusted_cas
 from cloud_gateway.trust.revocation import RevocationWatcher
+from gpurelay.families import known
 from gpurelay.sdnotify import notify
 from gpurelay.settings import split_host_port
 from gpurelay.web_config import BasicAuth
@@ -115,13 +121,21 @@ class Gateway:
         )
         rw = check_remote_write(cfg.remote_write)
         self.remote_write = RemoteWriter(rw) if rw is not None else None
+        otlp = check_otlp(cfg.otlp)
+        self.otlp = (
+            OtlpWriter(otlp, node_label=cfg.registry.node_label, kind=_family_type)
+            if otlp is not None
+            else None
+        )
+        writers = [w for w in (self.remote_write, self.otlp) if w is not None]
+        writer: Writer | None = (
+            None if not writers else writers[0] if len(writers) == 1 else Fanout(writers)
+        )
         self.ingest = Ingest(
             self.registry,
             clock=clock,
             limits=self.limits,
-            delivery=Delivery(
-                DeliverySettings.of(cfg.remote_write), remote_write=self.remote_write
-            ),
+            delivery=Delivery(DeliverySettings.of(cfg.remote_write), remote_write=writer),
             self_metrics=self.self_metrics,
             conflicts=ConflictPolicy(cast(Policy, cfg.ssh.duplicate_connection)),
         )
@@ -275,6 +289,8 @@ class Gateway:
         )
         if self.remote_write is not None:
             log.info("remote write to %s", _redacted(self.remote_write.cfg.url))
+        if self.otlp is not None:
+            log.info("OTLP metrics to %s", _redacted(self.otlp.cfg.url))
         notify("READY=1")
 
     async def _start_peers(self) -> None:
@@ -349,8 +365,12 @@ class Gateway:
             *http_families(self.http, self.connections.stats),
             *self.relay.families(),
         ]
+        if self.remote_write is not None or self.otlp is not None:
+            families += delivery_families(self.ingest.forward_stats)
         if self.remote_write is not None:
-            families += remote_write_families(self.remote_write.stats, self.ingest.forward_stats)
+            families += remote_write_families(self.remote_write.stats)
+        if self.otlp is not None:
+            families += otlp_families(self.otlp.stats)
         if self.link.cluster is not None:
             peers = self.peer_guard.stats if self.peer_guard else None
             families += cluster_families(self.link.cluster, peers)
@@ -384,6 +404,8 @@ class Gateway:
             await self.peer_runner.cleanup()
         if self.remote_write is not None:
             await self.remote_write.close()
+        if self.otlp is not None:
+            await self.otlp.close()
         if self.runner is not None:
             await self.runner.cleanup()
             log.info("stopped")
@@ -405,3 +427,9 @@ async def serve(cfg: GatewayConfig) -> None:
         await gateway.run()
     finally:
         await gateway.shutdown()
+
+
+def _family_type(name: str) -> str | None:
+    """The fleet catalogue's TYPE of a metric name (OTLP sends counters as Sums)."""
+    family = known(name)
+    return family.type if family is not None else None

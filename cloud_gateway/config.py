@@ -16,7 +16,12 @@ from cloud_gateway.cluster.config import ClusterConfig, check_cluster
 from cloud_gateway.errors import GatewayConfigError
 from cloud_gateway.http.config import HttpConfig
 from cloud_gateway.registry.config import RegistryConfig
-from cloud_gateway.remote_write.config import RemoteWriteConfig, check_remote_write
+from cloud_gateway.remote_write.config import (
+    OtlpConfig,
+    RemoteWriteConfig,
+    check_otlp,
+    check_remote_write,
+)
 from cloud_gateway.ssh.config import SshConfig, check_ssh
 from cloud_gateway.trust.config import EnrollConfig, check_enroll
 from gpurelay.logs import FORMATS as LOG_FORMATS
@@ -37,6 +42,8 @@ class GatewayConfig:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     # Declared with the client that reads it (cloud_gateway.remote_write.client); url = "": off.
     remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
+    # OTLP/HTTP metrics, also or instead (cloud_gateway.remote_write.otlp); url = "": off.
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)
     # Where the node inventory lives; several gateways on one PostgreSQL database.
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Nodes get and renew their certificates over SSH (cloud_gateway.ssh.enrollment); off.
@@ -79,6 +86,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         )
     check_ssh(cfg.ssh)
     check_remote_write(cfg.remote_write)
+    check_otlp(cfg.otlp)
     check_cluster(cfg.cluster)
     check_enroll(cfg.enroll)
     return cfg

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_gateway.ingest.seqranges import DEFAULT_MAX_RANGES, SeqRanges
-from cloud_gateway.remote_write.client import RemoteWriter
+from cloud_gateway.remote_write.client import Writer
 from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES, RemoteWriteConfig
 from cloud_gateway.remote_write.forwarder import (
     MAX_SAMPLES_PER_SEND,
@@ -82,7 +82,7 @@ class Delivery:
         self,
         settings: DeliverySettings | None = None,
         *,
-        remote_write: RemoteWriter | None = None,
+        remote_write: Writer | None = None,
     ) -> None:
         self.settings = settings or DeliverySettings()
         self.remote_write = remote_write

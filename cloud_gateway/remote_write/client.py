@@ -43,10 +43,11 @@ import logging
 import math
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -58,11 +59,13 @@ from cloud_gateway.remote_write.prompb import Series, encode_requests
 from gpurelay.files import in_daemon_thread
 
 __all__ = [
+    "Fanout",
     "RemoteWriteError",
     "RemoteWriteRejected",
     "RemoteWriteStats",
     "RemoteWriteUnavailable",
     "RemoteWriter",
+    "Writer",
     "classify",
 ]
 
@@ -85,9 +88,11 @@ class RemoteWriteError(Exception):
 
     verdict = "not accepted"
 
-    def __init__(self, status: int | None, body: str, url: str) -> None:
+    def __init__(
+        self, status: int | None, body: str, url: str, *, protocol: str = "remote write"
+    ) -> None:
         answer = body if status is None else f"HTTP {status}: {body}"
-        super().__init__(f"remote write to {url} {self.verdict}: {answer}")
+        super().__init__(f"{protocol} to {url} {self.verdict}: {answer}")
         self.status = status
         self.body = body
         self.url = url
@@ -107,9 +112,15 @@ class RemoteWriteUnavailable(RemoteWriteError):
     verdict = "unavailable"
 
     def __init__(
-        self, status: int | None, body: str, url: str, *, retry_after: float | None = None
+        self,
+        status: int | None,
+        body: str,
+        url: str,
+        *,
+        retry_after: float | None = None,
+        protocol: str = "remote write",
     ) -> None:
-        super().__init__(status, body, url)
+        super().__init__(status, body, url, protocol=protocol)
         self.retry_after = retry_after
 
 
@@ -129,7 +140,7 @@ class RemoteWriteStats:
 # --------------------------------------------------------------------------- writer
 
 
-def _retry_after(value: str | None, now: float) -> float | None:
+def retry_after_seconds(value: str | None, now: float) -> float | None:
     """Seconds from a Retry-After header (delta-seconds or HTTP date), or None."""
     if not value:
         return None
@@ -172,13 +183,37 @@ def classify(
         return None
     never = any(marker in body.lower() for marker in _NEVER_ACCEPTED)
     if (status == 429 or status >= 500) and not never:
-        delay = _retry_after(retry_after, now)
+        delay = retry_after_seconds(retry_after, now)
         return RemoteWriteUnavailable(status, body, url, retry_after=delay)
     return RemoteWriteRejected(status, body, url)
 
 
+class Writer(Protocol):
+    """What a node's forwarder sends through: one receiver, or several (:class:`Fanout`)."""
+
+    async def send(self, series: Sequence[Series]) -> None: ...
+
+
+class Fanout:
+    """Several receivers (remote write and OTLP): a send returns once every one accepted,
+    and raises what the first that did not raised. A batch sent again after a failure goes
+    to every receiver again; one that had taken it gets the same samples twice (same
+    timestamps and values: Prometheus-compatible stores keep one)."""
+
+    def __init__(self, writers: Sequence[Writer]) -> None:
+        self.writers = tuple(writers)
+
+    async def send(self, series: Sequence[Series]) -> None:
+        for writer in self.writers:
+            await writer.send(series)
+
+
 class RemoteWriter:
-    """Sends series to one remote write receiver; see the module docstring."""
+    """Sends series to one remote write receiver; see the module docstring. The protocol
+    is in three methods a subclass replaces (:class:`~cloud_gateway.remote_write.otlp.
+    OtlpWriter`): the request bodies, the protocol's headers, what an answer means."""
+
+    protocol = "remote write"
 
     def __init__(self, cfg: RemoteWriteConfig, *, client: httpx.AsyncClient | None = None) -> None:
         cfg.validate()
@@ -237,7 +272,7 @@ class RemoteWriter:
         total = sum(len(samples) for _, samples in series)
         if total == 0:
             return
-        requests = encode_requests(series, self.cfg.max_samples_per_send)
+        requests = self._requests(series)
         await self._reserve(total)
         done = 0
         try:
@@ -251,8 +286,19 @@ class RemoteWriter:
         finally:
             await self._release(total)
 
+    def _requests(self, series: Sequence[Series]) -> Iterator[tuple[bytes, int]]:
+        return encode_requests(series, self.cfg.max_samples_per_send)
+
+    def _protocol_headers(self) -> Mapping[str, str]:
+        return PROTOCOL_HEADERS
+
+    def _classify(
+        self, status: int, body: str, retry_after: str | None, *, now: float
+    ) -> RemoteWriteError | None:
+        return classify(status, body, retry_after, self.cfg.url, now=now)
+
     async def _headers(self) -> dict[str, str]:
-        headers = dict(PROTOCOL_HEADERS)
+        headers = dict(self._protocol_headers())
         headers.update(self._extra_headers)
         cfg = self.cfg
         if cfg.bearer_token_file is not None:
@@ -284,7 +330,7 @@ class RemoteWriter:
             self.stats.retried_requests += 1
             why = exc.strerror or f"not read within {self.cfg.timeout_seconds:g} s"
             reason = f"bearer_token_file {self.cfg.bearer_token_file}: {why}"
-            raise RemoteWriteUnavailable(None, reason, url) from exc
+            raise RemoteWriteUnavailable(None, reason, url, protocol=self.protocol) from exc
         started = time.monotonic()
         try:
             resp = await self._client.post(
@@ -292,14 +338,15 @@ class RemoteWriter:
             )
         except httpx.TransportError as exc:
             self.stats.retried_requests += 1
-            raise RemoteWriteUnavailable(None, f"{type(exc).__name__}: {exc}", url) from exc
+            why = f"{type(exc).__name__}: {exc}"
+            raise RemoteWriteUnavailable(None, why, url, protocol=self.protocol) from exc
         latency = time.monotonic() - started
         self.stats.last_latency_seconds = latency
         self.stats.latency_seconds_sum += latency
         self.stats.latency_seconds_count += 1
         text = "" if resp.is_success else resp.text[:_BODY_LOG_LIMIT].strip()
-        error = classify(
-            resp.status_code, text, resp.headers.get("Retry-After"), url, now=time.time()
+        error = self._classify(
+            resp.status_code, text, resp.headers.get("Retry-After"), now=time.time()
         )
         if error is None:
             self.stats.sent_requests += 1

@@ -110,3 +110,49 @@ def check_remote_write(section: RemoteWriteConfig) -> RemoteWriteConfig | None:
     except ValueError as exc:
         raise GatewayConfigError(f"remote_write: {exc}") from exc
     return section if section.url else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OtlpConfig:
+    """``[otlp]``: where to send OTLP/HTTP metrics (``url = ""``: off). Set beside
+    ``[remote_write] url`` the gateway writes both and acknowledges a batch once both took
+    it; alone, OTLP instead. The retry backoff and per-node queue are ``[remote_write]``'s
+    (``min_backoff_seconds``, ``max_queued_batches_per_node``), shared."""
+
+    url: str = ""  # e.g. http://otel-collector:4318/v1/metrics
+    bearer_token: str = ""
+    bearer_token_file: Path | None = None
+    basic_user: str = ""
+    basic_password: str = ""
+    tls_ca_file: Path | None = None
+    tls_insecure_skip_verify: bool = False
+    headers: tuple[str, ...] = ()
+    timeout_seconds: float = 30.0
+    max_samples_per_send: int = 2000
+    max_pending_samples: int = 500_000
+
+    def writer_config(self) -> RemoteWriteConfig:
+        """The same settings as the writer's (validated like ``[remote_write]``'s)."""
+        return RemoteWriteConfig(
+            url=self.url,
+            bearer_token=self.bearer_token,
+            bearer_token_file=self.bearer_token_file,
+            basic_user=self.basic_user,
+            basic_password=self.basic_password,
+            tls_ca_file=self.tls_ca_file,
+            tls_insecure_skip_verify=self.tls_insecure_skip_verify,
+            headers=self.headers,
+            timeout_seconds=self.timeout_seconds,
+            max_samples_per_send=self.max_samples_per_send,
+            max_pending_samples=self.max_pending_samples,
+        )
+
+
+def check_otlp(section: OtlpConfig) -> RemoteWriteConfig | None:
+    """The writer's config (``None``: off); GatewayConfigError naming what is wrong."""
+    cfg = section.writer_config()
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise GatewayConfigError(f"otlp: {str(exc).replace('remote write ', '')}") from exc
+    return cfg if cfg.url else None

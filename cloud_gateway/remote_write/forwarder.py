@@ -40,10 +40,10 @@ from itertools import islice
 
 from cloud_gateway.metrics import FamilySamples, one
 from cloud_gateway.remote_write.client import (
-    RemoteWriter,
     RemoteWriteRejected,
     RemoteWriteStats,
     RemoteWriteUnavailable,
+    Writer,
 )
 from cloud_gateway.remote_write.config import MAX_QUEUED_BATCHES, RemoteWriteConfig
 from cloud_gateway.remote_write.prompb import Series
@@ -101,7 +101,7 @@ class Forwarder:
 
     def __init__(
         self,
-        writer: RemoteWriter,
+        writer: Writer,
         *,
         log: logging.Logger,
         delivered: Callable[[int], None],
@@ -261,17 +261,35 @@ class Forwarder:
             self._room.set()
 
 
-def remote_write_families(rw: RemoteWriteStats, fwd: ForwardStats) -> list[FamilySamples]:
-    """Remote write's own metrics (only while it is configured)."""
+def delivery_families(fwd: ForwardStats) -> list[FamilySamples]:
+    """The queue remote write and OTLP share (only while one of them is configured)."""
     return [
         one("gpurelay_gateway_remote_write_queued_batches", fwd.queued),
+        one("gpurelay_gateway_remote_write_dropped_batches_total", fwd.dropped),
+    ]
+
+
+def otlp_families(otlp: RemoteWriteStats) -> list[FamilySamples]:
+    """The OTLP writer's own metrics (only while ``[otlp]`` is configured)."""
+    return [
+        one("gpurelay_gateway_otlp_pending_samples", otlp.pending_samples),
+        one("gpurelay_gateway_otlp_sent_samples_total", otlp.sent_samples),
+        one("gpurelay_gateway_otlp_failed_samples_total", otlp.failed_samples),
+        one("gpurelay_gateway_otlp_sent_requests_total", otlp.sent_requests),
+        one("gpurelay_gateway_otlp_retried_requests_total", otlp.retried_requests),
+        one("gpurelay_gateway_otlp_rejected_requests_total", otlp.rejected_requests),
+    ]
+
+
+def remote_write_families(rw: RemoteWriteStats) -> list[FamilySamples]:
+    """Remote write's own metrics (only while it is configured)."""
+    return [
         one("gpurelay_gateway_remote_write_pending_samples", rw.pending_samples),
         one("gpurelay_gateway_remote_write_sent_samples_total", rw.sent_samples),
         one("gpurelay_gateway_remote_write_failed_samples_total", rw.failed_samples),
         one("gpurelay_gateway_remote_write_sent_requests_total", rw.sent_requests),
         one("gpurelay_gateway_remote_write_retried_requests_total", rw.retried_requests),
         one("gpurelay_gateway_remote_write_rejected_requests_total", rw.rejected_requests),
-        one("gpurelay_gateway_remote_write_dropped_batches_total", fwd.dropped),
         one("gpurelay_gateway_remote_write_request_duration_seconds_total", rw.latency_seconds_sum),
         one("gpurelay_gateway_remote_write_responses_total", rw.latency_seconds_count),
         one("gpurelay_gateway_remote_write_last_request_duration_seconds", rw.last_latency_seconds),

@@ -181,6 +181,7 @@ def check_series(found: Findings, where: str, samples: Iterable[Sample], t: Node
     want: dict[tuple[str, ...], float] = {}
     for (gpu, gi), d in t.devices.items():
         want.update(((name, gpu, gi), v) for name, v in d.fields.items())
+        want.update(((name, gpu, gi, *own), v) for (name, own), v in d.series.items())
     for p in t.processes.values():
         if p.mem_mib is not None:
             want[(f"{PROCESS}MEM_USED", str(p.pid))] = p.mem_mib
@@ -198,18 +199,26 @@ def check_series(found: Findings, where: str, samples: Iterable[Sample], t: Node
     found.compare(where, got, want)
 
 
+# dcgm-exporter's fields of several series per GPU, and the labels that tell them apart
+OWN_LABELS = {
+    "DCGM_EXP_XID_ERRORS_COUNT": ("window_size_in_ms",),
+    "DCGM_EXP_GPU_HEALTH_STATUS": ("health_watch", "health_error_code"),
+}
+
+
 def series_key(
     found: Findings, where: str, name: str, labels: Mapping[str, str], t: NodeTruth
 ) -> tuple[str, ...] | None:
     """The figure a series shows, its identity labels checked against the simulator."""
     gi = labels.get("GPU_I_ID", "")
-    if name.startswith(DEVICE_PREFIX):
+    if name.startswith(DEVICE_PREFIX) or name in OWN_LABELS:
         device = t.devices.get((labels.get("gpu", ""), gi))
         if device is None:
             found.add(where, f"{name}{labels}: no such GPU or GPU instance")
             return None
         check_labels(found, where, name, labels, device, t.node)
-        return (name, device.gpu, gi)
+        own = OWN_LABELS.get(name, ())  # a field of several series: which one
+        return (name, device.gpu, gi, *((k, labels.get(k, "")) for k in own))
     if name.startswith(PROCESS):
         p = t.processes.get(int(labels.get("ProcessId", "-1")))
         if p is None:

@@ -69,6 +69,8 @@ class Device:
     profile: str  # the GPU instance's profile (GPU_I_PROFILE), "" for a whole GPU
     fields: dict[str, float]  # field -> value; a field NVML could not give is absent
     memory_bytes: tuple[int, int]  # (used, total) as nvmlDeviceGetMemoryInfo says
+    # fields of several series (dcgm-exporter's DCGM_EXP_*): (field, their own labels) ->
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Baseline:
 
     samples: dict[tuple[int, int | None], Any] = field(default_factory=dict)
     nvlink: dict[int, tuple[float, int]] = field(default_factory=dict)  # KiB, µs
+    violations: dict[tuple[int, int], int] = field(default_factory=dict)  # (GPU, policy) -> ns
 
     @classmethod
     def take(cls, sim: SimulatedNvml) -> Baseline:
@@ -143,6 +146,12 @@ class Baseline:
             reading = _nvlink_counters(sim, handle)
             if reading is not None:
                 base.nvlink[index] = reading
+            for policy in _POLICIES:
+                try:
+                    ns = sim.nvmlDeviceGetViolationStatus(handle, policy).violationTime
+                except pynvml.NVMLError:
+                    continue
+                base.violations[(index, policy)] = int(ns)
         return base
 
 
@@ -326,6 +335,70 @@ FIELDS: dict[str, Callable[[_Now], float]] = {
     **{name: (lambda n, name=name: n.activity(name)) for name in _ACTIVITY},  # type: ignore[misc]
     **{name: (lambda n, name=name: n.pcie(name)) for name in _PCIE},  # type: ignore[misc]
 }
+# --- dcgm-exporter's health series (DCGM_EXP_*), by DCGM's rules -----------------------------
+#
+# From dcgm-exporter 4.8.2 (internal/pkg/collector) and DCGM 4.6.0 (DcgmHealthWatch.cpp),
+# written out here for what the simulator can show: no XID is queued in this test, no
+# uncorrectable error, retired page or remapped row exists (the simulator has none), so
+# what can move is the violation time, which DCGM warns on when it grew within the last
+# minute: here between the two collections, STEP apart (less than a minute). A check whose
+# call fails gives nothing, as DCGM skips a blank sample.
+
+_POLICIES = (pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_PERF_POLICY_THERMAL)
+_WATCHES = (
+    "PCIE",
+    "NVLINK",
+    "PMU",
+    "MCU",
+    "MEM",
+    "SM",
+    "INFOROM",
+    "THERMAL",
+    "POWER",
+    "DRIVER",
+    "ALL",
+)
+Labelled = list[tuple[tuple[str, tuple[tuple[str, str], ...]], float]]
+
+
+def _xid_counts(now: _Now, base: Baseline, index: int) -> Labelled:
+    """No XID in the 5-minute window: one series at 0, without an xid label."""
+    if not now.call("nvmlDeviceGetSupportedEventTypes") & pynvml.nvmlEventTypeXidCriticalError:
+        return []
+    return [(("DCGM_EXP_XID_ERRORS_COUNT", (("window_size_in_ms", "300000"),)), 0.0)]
+
+
+def _health(now: _Now, base: Baseline, index: int) -> Labelled:
+    verdict = {watch: (0.0, "DCGM_FR_OK") for watch in _WATCHES}
+    for policy, watch, code in (
+        (pynvml.NVML_PERF_POLICY_THERMAL, "THERMAL", "DCGM_FR_CLOCKS_EVENT_THERMAL"),
+        (pynvml.NVML_PERF_POLICY_POWER, "POWER", "DCGM_FR_CLOCKS_EVENT_POWER"),
+    ):
+        before = base.violations.get((index, policy))
+        try:
+            after = int(now.call("nvmlDeviceGetViolationStatus", policy).violationTime)
+        except pynvml.NVMLError:
+            continue
+        if before is not None and after != before:
+            verdict[watch] = (10.0, code)
+    try:
+        now.call("nvmlDeviceGetPowerUsage")
+    except pynvml.NVMLError_NotSupported:
+        pass
+    except pynvml.NVMLError:
+        if verdict["POWER"][0] < 10.0:
+            verdict["POWER"] = (10.0, "DCGM_FR_POWER_UNREADABLE")
+    return [
+        (("DCGM_EXP_GPU_HEALTH_STATUS", (("health_watch", w), ("health_error_code", c))), v)
+        for w, (v, c) in verdict.items()
+    ]
+
+
+SEVERAL: dict[str, Callable[[_Now, Baseline, int], Labelled]] = {
+    "DCGM_EXP_XID_ERRORS_COUNT": _xid_counts,
+    "DCGM_EXP_GPU_HEALTH_STATUS": _health,
+}
+
 # What DCGM serves per MIG GPU instance too: its memory and its activity (not PCIe or
 # NVLink traffic, which only the whole GPU has).
 INSTANCE_FIELDS = frozenset(
@@ -357,7 +430,7 @@ def read_node(
     """Every figure of the node now (the simulator's clock at the agent's latest
     collection), over the window since ``base`` for GPM and NVLink; ``counters``: the
     fields the agent collects; ``pods``: the fake host's pid -> pod."""
-    unknown = counters - FIELDS.keys()
+    unknown = counters - FIELDS.keys() - SEVERAL.keys()
     assert not unknown, f"fields without a source value here: {sorted(unknown)}"
     devices: dict[tuple[str, str], Device] = {}
     processes: dict[int, Process] = {}
@@ -373,7 +446,19 @@ def read_node(
             (kib1, us1), (kib2, us2) = base.nvlink[index], reading
             now.nvlink = (kib2 - kib1) / ((us2 - us1) / 1e6) / 1000
         total, _, _, used = now.memory()
-        devices[(gpu, WHOLE)] = Device(gpu, WHOLE, uuid, "", _fields(now, counters), (used, total))
+        devices[(gpu, WHOLE)] = Device(
+            gpu,
+            WHOLE,
+            uuid,
+            "",
+            _fields(now, counters - SEVERAL.keys()),
+            (used, total),
+            {
+                k: v
+                for name in counters & SEVERAL.keys()
+                for k, v in SEVERAL[name](now, base, index)
+            },
+        )
         targets = {WHOLE: [handle]} if mig is None else {str(gi): h for gi, h in mig.items()}
         for gi, handles in (mig or {}).items():
             inst = _Now(sim, handles[0], _window(sim, base, index, gi))
