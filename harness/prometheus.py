@@ -135,6 +135,30 @@ class Completeness:
 TWO_SAMPLE_PREFIXES: Final = ("DCGM_FI_PROF_", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
 
 
+# Labels that carry a state, not an identity (dcgm-exporter's health series): the series
+# of one figure changes with its state (a watch's error code, the XIDs seen), so its
+# samples are checked together, as one figure's, whatever that label said at each one.
+STATE_LABELS = frozenset({"health_error_code", "xid"})
+# Series that exist only while their state holds (a clock-event reason seen in the window):
+# no collection owes them a sample.
+WHILE_SEEN = ("DCGM_EXP_CLOCK_EVENTS_COUNT",)
+
+
+def _by_figure(data: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    """``data`` by figure: the series' labels less :data:`STATE_LABELS`, their samples
+    merged in time order (one per collection, whichever state it showed)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for key, samples in data.items():
+        labels = json.loads(key)
+        if labels["__name__"] in WHILE_SEEN:
+            continue
+        figure = json.dumps(
+            {k: v for k, v in labels.items() if k not in STATE_LABELS}, sort_keys=True
+        )
+        out.setdefault(figure, []).extend(samples)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> Completeness:
     """Every series of ``node`` must have a sample at every collection between its first and
     last sample (a two-sample rate: except an agent's first collection after it started);
@@ -156,7 +180,7 @@ def completeness(receiver: Receiver, node: str, *, window_s: int, at: float) -> 
     times = [t for t, _ in ticks]
     index = {t: i for i, t in enumerate(times)}
     first_after_start = {t for t, value in ticks if value == 1}
-    for key, samples in data.items():
+    for key, samples in _by_figure(data).items():
         result.series += 1
         have = [t for t, _ in samples]
         strays = [t for t in have if t not in index]
