@@ -123,7 +123,12 @@ class Gateway:
         self.remote_write = RemoteWriter(rw) if rw is not None else None
         otlp = check_otlp(cfg.otlp)
         self.otlp = (
-            OtlpWriter(otlp, node_label=cfg.registry.node_label, kind=_family_type)
+            OtlpWriter(
+                otlp,
+                node_label=cfg.registry.node_label,
+                kind=_family_type,
+                hardware=cfg.otlp.semantic_conventions,
+            )
             if otlp is not None
             else None
         )

@@ -130,6 +130,9 @@ class OtlpConfig:
     timeout_seconds: float = 30.0
     max_samples_per_send: int = 2000
     max_pending_samples: int = 500_000
+    # Also send the OpenTelemetry hardware conventions' hw.* metrics, made from the DCGM
+    # series (cloud_gateway.remote_write.otlp_hw); the DCGM names are sent either way.
+    semantic_conventions: bool = True
 
     def writer_config(self) -> RemoteWriteConfig:
         """The same settings as the writer's (validated like ``[remote_write]``'s)."""

@@ -22,8 +22,9 @@ in it is final, not retried); 429, 502, 503 and 504 are worth sending again, not
 no-loss rules as remote write follow (``forwarder``): a batch is acknowledged to its agent
 only once every configured receiver accepted it.
 
-Not done yet: the OpenTelemetry hardware semantic conventions (``hw.gpu.*``, ``hw.errors``,
-``hw.status`` with ``hw.id``) beside the DCGM names.
+Beside the DCGM names, the OpenTelemetry hardware semantic conventions for GPUs
+(``hw.gpu.utilization``, ``hw.gpu.memory.usage``, ``hw.errors``, ``hw.status``, with
+``hw.id``): :mod:`~cloud_gateway.remote_write.otlp_hw`, ``[otlp] semantic_conventions``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from cloud_gateway.remote_write.client import (
     retry_after_seconds,
 )
 from cloud_gateway.remote_write.config import RemoteWriteConfig
+from cloud_gateway.remote_write.otlp_hw import SHAPES, hardware_series
 from cloud_gateway.remote_write.prompb import Series, split_series
 
 SCOPE = "edge-gpu-relay"
@@ -75,18 +77,24 @@ class OtlpWriter(RemoteWriter):
         *,
         node_label: str,
         kind: Callable[[str], str | None],
+        hardware: bool = True,
         **kwargs: object,
     ) -> None:
         super().__init__(cfg, **kwargs)  # type: ignore[arg-type]
         self._node_label = node_label
         self._kind = kind
+        self._hardware = hardware
 
     def _protocol_headers(self) -> Mapping[str, str]:
         return OTLP_HEADERS
 
     def _requests(self, series: Sequence[Series]) -> Iterator[tuple[bytes, int]]:
         return encode_otlp_requests(
-            series, self.cfg.max_samples_per_send, node_label=self._node_label, kind=self._kind
+            series,
+            self.cfg.max_samples_per_send,
+            node_label=self._node_label,
+            kind=self._kind,
+            hardware=self._hardware,
         )
 
     def _classify(
@@ -190,10 +198,14 @@ def encode_otlp_request(
                 _field(1, point, data)
             metric = bytearray()
             _string(1, name, metric)
-            if kind(name) == "counter":
+            shape, unit = SHAPES.get(name) or (kind(name) or "gauge", "")
+            if unit:
+                _string(3, unit, metric)
+            if shape in ("counter", "updown"):
                 data.append(2 << 3)  # aggregation_temporality
                 _varint(_CUMULATIVE, data)
-                data += b"\x18\x01"  # is_monotonic = true
+                if shape == "counter":
+                    data += b"\x18\x01"  # is_monotonic = true
                 _field(7, data, metric)
             else:
                 _field(5, data, metric)
@@ -211,8 +223,13 @@ def encode_otlp_requests(
     *,
     node_label: str,
     kind: Callable[[str], str | None],
+    hardware: bool = True,
 ) -> Iterator[tuple[bytes, int]]:
-    """Request bodies of at most ``max_samples`` data points each, with their counts."""
+    """Request bodies of at most ``max_samples`` data points each, with their counts; with
+    ``hardware``, the ``hw.*`` series of :mod:`~cloud_gateway.remote_write.otlp_hw` too
+    (derived from the whole of ``series`` before it is split)."""
+    if hardware:
+        series = [*series, *hardware_series(series, node_label)]
     for batch in split_series(series, max_samples):
         n = sum(len(samples) for _, samples in batch)
         yield encode_otlp_request(batch, node_label=node_label, kind=kind), n

@@ -111,7 +111,9 @@ SERIES: list[Series] = [
 
 
 def test_every_sample_reaches_the_request_as_it_was() -> None:
-    ((body, n),) = encode_otlp_requests(SERIES, 100, node_label="Hostname", kind=kind)
+    ((body, n),) = encode_otlp_requests(
+        SERIES, 100, node_label="Hostname", kind=kind, hardware=False
+    )
     points = flat(decode(body))
     assert n == len(points) == 5
     temp = [p for p in points if p[:2] == ("edge-1", "DCGM_FI_DEV_GPU_TEMP")]
@@ -128,9 +130,113 @@ def test_every_sample_reaches_the_request_as_it_was() -> None:
 
 
 def test_requests_hold_at_most_max_samples() -> None:
-    requests = list(encode_otlp_requests(SERIES, 2, node_label="Hostname", kind=kind))
+    requests = list(
+        encode_otlp_requests(SERIES, 2, node_label="Hostname", kind=kind, hardware=False)
+    )
     assert [n for _, n in requests] == [2, 2, 1]
     assert sum(len(flat(decode(body))) for body, _ in requests) == 5
+
+
+GPU = (
+    ("gpu", "0"),
+    ("UUID", "GPU-a"),
+    ("modelName", "NVIDIA H100 80GB HBM3"),
+    ("Hostname", "edge-1"),
+    ("DCGM_FI_DRIVER_VERSION", "550.54.15"),
+)
+WATCHES = (
+    "PCIE",
+    "NVLINK",
+    "PMU",
+    "MCU",
+    "MEM",
+    "SM",
+    "INFOROM",
+    "THERMAL",
+    "POWER",
+    "DRIVER",
+    "ALL",
+)
+
+
+def health(ts: int, warn: str = "", fail: str = "") -> list[Series]:
+    out: list[Series] = []
+    for watch in WATCHES:
+        value = 20.0 if watch == fail else 10.0 if watch == warn else 0.0
+        labels = (("__name__", "DCGM_EXP_GPU_HEALTH_STATUS"), *GPU, ("health_watch", watch))
+        out.append(
+            ((*labels, ("health_error_code", "X" if value else "DCGM_FR_OK")), [(ts, value)])
+        )
+    return out
+
+
+def hw_points(requests: list[tuple[bytes, int]]) -> dict[tuple[Any, ...], tuple[str, str, float]]:
+    """(metric, time, its own attributes) -> (kind, unit, value) of the hw.* points."""
+    out = {}
+    for body, _ in requests:
+        request = decode(body)
+        for rm in request.resource_metrics:
+            host = {a.key: a.value.string_value for a in rm.resource.attributes}["host.name"]
+            for metric in rm.scope_metrics[0].metrics:
+                if not metric.name.startswith("hw."):
+                    continue
+                which = metric.WhichOneof("data")
+                data = getattr(metric, which)
+                kind_ = which if which == "gauge" else "counter" if data.is_monotonic else "updown"
+                for p in data.data_points:
+                    attrs = {a.key: a.value.string_value for a in p.attributes}
+                    assert attrs.pop("hw.id") == "GPU-a" and host == "edge-1"
+                    assert attrs.pop("hw.model") == "NVIDIA H100 80GB HBM3"
+                    assert attrs.pop("hw.driver_version") == "550.54.15"
+                    assert attrs.pop("hw.vendor") == "NVIDIA"
+                    key = (metric.name, p.time_unix_nano // 1_000_000, tuple(sorted(attrs.items())))
+                    assert key not in out
+                    out[key] = (kind_, metric.unit, p.as_double)
+    return out
+
+
+def test_the_hardware_conventions_beside_the_dcgm_names() -> None:
+    series: list[Series] = [
+        ((("__name__", "DCGM_FI_DEV_GPU_UTIL"), *GPU), [(T0, 42.0), (T0 + 1000, 7.0)]),
+        ((("__name__", "DCGM_FI_DEV_ENC_UTIL"), *GPU), [(T0, 5.0)]),
+        ((("__name__", "DCGM_FI_DEV_DEC_UTIL"), *GPU), [(T0, 0.0)]),
+        ((("__name__", "DCGM_FI_DEV_FB_USED"), *GPU), [(T0, 1000.0)]),
+        ((("__name__", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"), *GPU), [(T0, 3.0)]),
+        ((("__name__", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"), *GPU), [(T0, 0.0)]),
+        # a MIG instance: no hw.* of its own (its GPU would count twice)
+        ((("__name__", "DCGM_FI_DEV_FB_USED"), *GPU, ("GPU_I_ID", "1")), [(T0, 500.0)]),
+        *health(T0, warn="THERMAL"),
+        *health(T0 + 1000, warn="POWER", fail="MEM"),
+    ]
+    # 3 data points per request: the hw.status of one instant still comes from all 11 watches
+    got = hw_points(list(encode_otlp_requests(series, 3, node_label="Hostname", kind=kind)))
+    general, encoder, decoder = (
+        (("hw.gpu.task", task),) for task in ("general", "encoder", "decoder")
+    )
+    assert got[("hw.gpu.utilization", T0, general)] == ("gauge", "1", 0.42)
+    assert got[("hw.gpu.utilization", T0 + 1000, general)] == ("gauge", "1", 0.07)
+    assert got[("hw.gpu.utilization", T0, encoder)] == ("gauge", "1", 0.05)
+    assert got[("hw.gpu.utilization", T0, decoder)] == ("gauge", "1", 0.0)
+    assert got[("hw.gpu.memory.usage", T0, ())] == ("updown", "By", 1000 * 2**20)
+    corrected = (("error.type", "corrected"), ("hw.type", "gpu"))
+    uncorrected = (("error.type", "uncorrected"), ("hw.type", "gpu"))
+    assert got[("hw.errors", T0, corrected)] == ("counter", "{error}", 3.0)
+    assert got[("hw.errors", T0, uncorrected)] == ("counter", "{error}", 0.0)
+    for ts, state in ((T0, "degraded"), (T0 + 1000, "failed")):
+        for s in ("ok", "degraded", "failed", "predicted_failure"):
+            key = ("hw.status", ts, (("hw.state", s), ("hw.type", "gpu")))
+            assert got[key] == ("updown", "1", 1.0 if s == state else 0.0), (ts, s)
+    assert len(got) == 7 + 8  # nothing from the MIG instance
+
+
+def test_the_hardware_conventions_can_be_left_out() -> None:
+    series: list[Series] = [((("__name__", "DCGM_FI_DEV_GPU_UTIL"), *GPU), [(T0, 42.0)])]
+    requests = list(
+        encode_otlp_requests(series, 10, node_label="Hostname", kind=kind, hardware=False)
+    )
+    assert hw_points(requests) == {}
+    assert check_otlp(OtlpConfig(url="http://c")) is not None
+    assert OtlpConfig().semantic_conventions
 
 
 def test_another_node_label_names_the_resource() -> None:
