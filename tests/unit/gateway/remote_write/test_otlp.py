@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -282,6 +283,15 @@ def test_configuration() -> None:
         check_otlp(OtlpConfig(url="http://c", headers=("Content-Type: text/plain",)))
     env = {"CLOUD_GATEWAY_OTLP_URL": "http://collector:4318/v1/metrics"}
     assert load_gateway_config(None, env).otlp.url == "http://collector:4318/v1/metrics"
+
+
+def test_the_operator_guide_example_loads(tmp_path: Any) -> None:
+    guide = (Path(__file__).resolve().parents[4] / "docs" / "operator-guide.md").read_text()
+    blocks = [b.split("```")[0] for b in guide.split("```toml\n")[1:]]
+    (block,) = [b for b in blocks if b.startswith("[otlp]")]
+    path = tmp_path / "gateway.toml"
+    path.write_text(block)
+    assert load_gateway_config(path, {}).otlp.url == "http://otel-collector:4318/v1/metrics"
 
 
 # --- a receiver on loopback -------------------------------------------------------------------
