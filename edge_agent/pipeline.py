@@ -179,10 +179,10 @@ def build_pipeline(
     pods, alloc = _pod_resources(cfg, lib, devices, node, lambda: process.pod_gpus)
     metadata = _pod_metadata(cfg, node)
     if pods is not None:
-        device.pod_labels = pods.device_labels
-        if metadata is not None:
-            device_labels = pods.device_labels
-            device.pod_labels = lambda uuid, gi: metadata.with_pod(device_labels(uuid, gi))
+        of_pods = pods.device_labels
+        device.pod_labels = (
+            of_pods if metadata is None else lambda uuid, gi: metadata.with_pod(of_pods(uuid, gi))
+        )
     if metadata is not None:
         process.pod_metadata = metadata.labels
     collection = Collector(

@@ -136,19 +136,8 @@ class OtlpConfig:
 
     def writer_config(self) -> RemoteWriteConfig:
         """The same settings as the writer's (validated like ``[remote_write]``'s)."""
-        return RemoteWriteConfig(
-            url=self.url,
-            bearer_token=self.bearer_token,
-            bearer_token_file=self.bearer_token_file,
-            basic_user=self.basic_user,
-            basic_password=self.basic_password,
-            tls_ca_file=self.tls_ca_file,
-            tls_insecure_skip_verify=self.tls_insecure_skip_verify,
-            headers=self.headers,
-            timeout_seconds=self.timeout_seconds,
-            max_samples_per_send=self.max_samples_per_send,
-            max_pending_samples=self.max_pending_samples,
-        )
+        own = {f.name for f in dataclasses.fields(self)} - {"semantic_conventions"}
+        return RemoteWriteConfig(**{name: getattr(self, name) for name in own})
 
 
 def check_otlp(section: OtlpConfig) -> RemoteWriteConfig | None:

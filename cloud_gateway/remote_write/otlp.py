@@ -40,14 +40,14 @@ from cloud_gateway.remote_write.client import (
     RemoteWriteUnavailable,
     retry_after_seconds,
 )
-from cloud_gateway.remote_write.config import RemoteWriteConfig
+from cloud_gateway.remote_write.config import USER_AGENT, RemoteWriteConfig
 from cloud_gateway.remote_write.otlp_hw import SHAPES, hardware_series
-from cloud_gateway.remote_write.prompb import Series, split_series
+from cloud_gateway.remote_write.prompb import Series, _varint, split_series
 
 SCOPE = "edge-gpu-relay"
 OTLP_HEADERS: dict[str, str] = {
     "Content-Type": "application/x-protobuf",
-    "User-Agent": f"edge-gpu-relay/{__version__}",
+    "User-Agent": USER_AGENT,
 }
 RETRYABLE = frozenset({429, 502, 503, 504})  # OTLP/HTTP: retry these, and no other status
 
@@ -124,14 +124,6 @@ class OtlpWriter(RemoteWriter):
 _CUMULATIVE = 2  # AGGREGATION_TEMPORALITY_CUMULATIVE
 _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
-
-
-def _varint(n: int, out: bytearray) -> None:
-    n &= 0xFFFFFFFFFFFFFFFF
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
 
 
 def _field(number: int, payload: bytes | bytearray, out: bytearray) -> None:
