@@ -14,12 +14,18 @@ from typing import Literal
 
 from edge_agent.errors import CountersFileError
 from gpurelay.families import known
+from gpurelay.naming import DEFAULT_NAMING, Naming
 
 log = logging.getLogger(__name__)
 
 FieldKind = Literal["gauge", "counter", "label"]
 _KINDS: frozenset[str] = frozenset({"gauge", "counter", "label"})
-DEFAULT_COUNTERS = "default-counters.csv"
+# The built-in counters, by naming scheme (gpurelay.naming): dcgm-exporter 4.8's names,
+# or 4.9's (DCGM 4.7 names and units).
+DEFAULT_COUNTERS: dict[str, str] = {
+    "4.8": "default-counters.csv",
+    "4.9": "default-counters-4.9.csv",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,12 +66,14 @@ def parse_counters(text: str, source: str = "<counters>") -> tuple[CounterSpec, 
     return tuple(specs)
 
 
-def load_counters(path: Path | None) -> tuple[CounterSpec, ...]:
-    """Load the user's CSV, or the packaged default when ``path`` is None; a field whose
-    TYPE the fleet's catalogue fixes otherwise takes the catalogue's (said once)."""
+def load_counters(path: Path | None, naming: Naming = DEFAULT_NAMING) -> tuple[CounterSpec, ...]:
+    """Load the user's CSV (its names are used as they are, 4.8's or 4.9's), or the packaged
+    default of ``naming`` when ``path`` is None; a field whose TYPE the fleet's catalogue
+    fixes otherwise takes the catalogue's (said once)."""
     if path is None:
-        text = resources.files("edge_agent.data").joinpath(DEFAULT_COUNTERS).read_text("utf-8")
-        source = f"(built-in) {DEFAULT_COUNTERS}"
+        name = DEFAULT_COUNTERS[naming]
+        text = resources.files("edge_agent.data").joinpath(name).read_text("utf-8")
+        source = f"(built-in) {name}"
     else:
         try:
             text = path.read_text(encoding="utf-8")

@@ -22,9 +22,11 @@ import pynvml
 from edge_agent.catalog import CounterSpec
 from edge_agent.degraded import Degraded
 from edge_agent.fields import (
+    DRIVER_LABELS,
     LABEL_SOURCES,
     NO_SOURCE_REASONS,
     SOURCES,
+    XID_FIELDS,
     Carryover,
     FieldSource,
     NoValueYet,
@@ -37,6 +39,7 @@ from edge_agent.nvml.gpm import GpmStreams, entity_key
 from edge_agent.nvml.guard import GpuGuard, Stalled
 from edge_agent.xid import XidWatcher
 from gpurelay.model import Family, GpuInventory, Labels, SampleSink
+from gpurelay.naming import DEFAULT_NAMING, DRIVER_LABEL, Naming
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class DeviceCollector:
         driver_version: str,
         xid: XidWatcher | None = None,
         node_label: str = "Hostname",
+        naming: Naming = DEFAULT_NAMING,
         degraded: Degraded | None = None,
         guard: GpuGuard | None = None,
         deadline_seconds: float = 5.0,
@@ -91,6 +95,10 @@ class DeviceCollector:
         self._lost: dict[str, str] = {}
         self._active: list[_Active] = []
         label_fields: list[str] = []
+        # The driver label on every device series: as the counters file names it, else as
+        # the scheme does (dcgm-exporter 4.9: DCGM_FI_SYSTEM_DRIVER_VERSION).
+        listed = [s.field for s in counters if s.kind == "label" and s.field in DRIVER_LABELS]
+        self.driver_label = listed[0] if listed else DRIVER_LABEL[naming]
         for spec in counters:
             if spec.kind == "label":
                 if spec.field in LABEL_SOURCES:
@@ -104,7 +112,7 @@ class DeviceCollector:
                     spec.field, "no NVML source for this field"
                 )
                 continue
-            watches_xids = spec.field in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT")
+            watches_xids = spec.field in XID_FIELDS
             if watches_xids and (xid is None or xid.unsupported_reason):
                 self.unsupported[spec.field] = xid.unsupported_reason if xid else "no event set"
                 continue
@@ -162,7 +170,6 @@ class DeviceCollector:
 
     def _labels(self, dev: GpuDevice, label_fields: list[str], driver: str) -> Labels:
         extra = {
-            "DCGM_FI_DRIVER_VERSION": driver,
             "DCGM_FI_DEV_NAME": dev.name,
             "DCGM_FI_DEV_UUID": dev.uuid,
             "DCGM_FI_DEV_PCI_BUSID": dev.pci_bus_id,
@@ -175,9 +182,9 @@ class DeviceCollector:
             ("pci_bus_id", dev.pci_bus_id),
             (self._node_label, self._node),
             ("NodeName", self._node),  # as ACK's exporter: its adapter rules group by it
-            ("DCGM_FI_DRIVER_VERSION", driver),
+            (self.driver_label, driver),
         ]
-        labels += [(f, extra[f]) for f in label_fields if f != "DCGM_FI_DRIVER_VERSION"]
+        labels += [(f, extra[f]) for f in label_fields if f not in DRIVER_LABELS]
         return tuple(labels)
 
     def collect(self, sink: SampleSink) -> list[GpuInventory]:

@@ -18,6 +18,7 @@ from edge_agent.errors import ConfigError
 from edge_agent.proxy_connect import proxy_route
 from gpurelay.logs import FORMATS as LOG_FORMATS
 from gpurelay.model import NODE_LABEL_NAMES
+from gpurelay.naming import DEFAULT_NAMING, NAMINGS
 from gpurelay.settings import SettingsError, load_settings, split_host_port
 from gpurelay.web_config import WebConfig, WebConfigError, load_web_config
 from gpurelay.wire.frames import MAX_ACK_DELAY_SECONDS
@@ -234,6 +235,11 @@ class AgentConfig:
     # are published, and the liveness probe does not see a stuck agent.
     nvml_deadline_seconds: float = 5.0
     counters_file: Path | None = None
+    # dcgm-exporter's naming scheme (gpurelay.naming, docs/migration.md): "4.9" (DCGM 4.7
+    # names and units) or "4.8" (the default). It chooses the built-in counters when no
+    # counters_file is set, and the driver label's name when the file lists none; a
+    # counters file's own names are published as they are.
+    dcgm_naming: str = DEFAULT_NAMING
     # The windows of DCGM_EXP_XID_ERRORS_COUNT and DCGM_EXP_CLOCK_EVENTS_COUNT (when the
     # counters file lists them), as dcgm-exporter's --xid-count-window-size and
     # --clock-events-count-window-size: milliseconds, 5 minutes by default.
@@ -391,6 +397,11 @@ def _validate(cfg: AgentConfig) -> None:
         _validate_profile(cfg.simulate.profile)
     _validate_pod_resources(cfg)
     _validate_kubernetes(cfg.kubernetes)
+    if cfg.dcgm_naming not in NAMINGS:
+        raise ConfigError(
+            f"dcgm_naming must be one of {', '.join(repr(n) for n in NAMINGS)}, "
+            f"not {cfg.dcgm_naming!r}"
+        )
     if cfg.node_label not in NODE_LABEL_NAMES:
         raise ConfigError(
             f"node_label must be one of {', '.join(NODE_LABEL_NAMES)}, not {cfg.node_label!r}"

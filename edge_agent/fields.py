@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -24,6 +24,7 @@ from edge_agent.health import HealthHistory
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.gpm import GpmStream
 from gpurelay.model import MIB
+from gpurelay.naming import Rename, renames
 
 
 class NoValueYet(Exception):
@@ -215,6 +216,20 @@ def _nvlink_total(probe: Probe) -> float:
     return probe.carry.rate("nvlink_kib", total_kib, seconds) / 1000.0
 
 
+def _nvlink_bytes(probe: Probe) -> float:
+    """DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL under dcgm-exporter 4.9's unit: the same NVLink
+    data counters in bytes (KiB x 1024, RX + TX, all links) per second since the previous
+    cycle."""
+    entries = probe.call("nvmlDeviceGetFieldValues", _NVLINK_DATA_ALL_LINKS)
+    for fv in entries:
+        if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(fv.nvmlReturn)
+    total = float(sum(int(fv.value.ullVal) for fv in entries) * 1024)
+    seconds = max(int(fv.timestamp) for fv in entries) / 1e6
+    assert probe.carry is not None, "the device collector gives every probe a carryover"
+    return probe.carry.rate("nvlink_bytes", total, seconds)
+
+
 def _vgpu_license(probe: Probe) -> float:
     """1 while the vGPU feature is licensed, else 0 (also where vGPU licensing does not
     apply, such as a bare-metal GPU), as DCGM reads it."""
@@ -253,6 +268,13 @@ def _reserved(probe: Probe) -> float:
     if reserved is None:  # memory info v1 only (before R510)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
     return float(reserved // MIB)
+
+
+def _reserved_bytes(probe: Probe) -> float:
+    reserved = probe.memory()[1]
+    if reserved is None:  # memory info v1 only (before R510)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return float(reserved)
 
 
 def _xid(probe: Probe) -> float:
@@ -380,10 +402,46 @@ SOURCES: dict[str, FieldSource] = {
     "DCGM_EXP_GPU_HEALTH_STATUS": _several(health.health_status),
 }
 
-# Fields whose value becomes a label on every device series (prom type "label").
-LABEL_SOURCES: frozenset[str] = frozenset(
-    {"DCGM_FI_DRIVER_VERSION", "DCGM_FI_DEV_NAME", "DCGM_FI_DEV_UUID", "DCGM_FI_DEV_PCI_BUSID"}
+# dcgm-exporter 4.9's names (gpurelay.naming): the same reading under the DCGM 4.7 name,
+# in 4.9's unit. Where 4.8's unit loses precision (whole MiB, MB/s of KiB), the 4.9 field
+# is read from NVML's own figure, not from the 4.8 value.
+_READ_IN_NEW_UNIT: dict[str, FieldSource] = {
+    "DCGM_FI_DEV_FB_FREE_BYTES": FieldSource(lambda p: float(p.memory()[2]), mig=True),
+    "DCGM_FI_DEV_FB_USED_BYTES": FieldSource(lambda p: float(p.memory()[3]), mig=True),
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": FieldSource(_reserved_bytes, mig=True),
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": FieldSource(lambda p: float(p.memory()[0]), mig=True),
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": FieldSource(_nvlink_bytes),
+}
+
+
+def _renamed(old: FieldSource, rename: Rename) -> FieldSource:
+    if not rename.rescales:
+        return old
+    return replace(old, read=lambda p: rename.to_new(old.read(p)))
+
+
+SOURCES.update(
+    {
+        r.new: _READ_IN_NEW_UNIT.get(r.new) or _renamed(SOURCES[r.old], r)
+        for r in renames()
+        if r.old in SOURCES
+    }
 )
+
+# The fields read from the XID event set (none where it cannot be opened).
+XID_FIELDS: frozenset[str] = frozenset(
+    {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", "DCGM_EXP_XID_ERRORS_COUNT"}
+)
+
+# Fields whose value becomes a label on every device series (prom type "label").
+DRIVER_LABELS: frozenset[str] = frozenset(
+    {"DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION"}
+)
+LABEL_SOURCES: frozenset[str] = DRIVER_LABELS | {
+    "DCGM_FI_DEV_NAME",
+    "DCGM_FI_DEV_UUID",
+    "DCGM_FI_DEV_PCI_BUSID",
+}
 
 # Why a well-known field has no NVML source, for the start-up report.
 NO_SOURCE_REASONS: dict[str, str] = {

@@ -132,7 +132,7 @@ def build_pipeline(
 ) -> Pipeline:
     cfg, lib, backend = backend_.cfg, backend_.lib, backend_.name
     node = resolve_node_name(cfg.node_name, os.environ)
-    counters = load_counters(cfg.counters_file)
+    counters = load_counters(cfg.counters_file, cfg.dcgm_naming)  # type: ignore[arg-type]
     try:
         driver = text(lib.nvmlSystemGetDriverVersion())
         devices, problems = enumerate_gpus(lib)
@@ -161,6 +161,7 @@ def build_pipeline(
         driver_version=driver,
         xid=xid,
         node_label=cfg.node_label,
+        naming=cfg.dcgm_naming,  # type: ignore[arg-type]
         degraded=degraded,
         guard=guard,
         deadline_seconds=deadline,

@@ -54,6 +54,7 @@ RESERVED: Final = frozenset(
         "hostname",
         "NodeName",
         "DCGM_FI_DRIVER_VERSION",
+        "DCGM_FI_SYSTEM_DRIVER_VERSION",
         "GPU_I_PROFILE",
         "GPU_I_ID",
         "pod",
