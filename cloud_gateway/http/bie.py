@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cloud_gateway.http.schemes import latest
 from gpurelay.bie import BieNode, node_summary
 from gpurelay.model import MIB, GpuInventory
 
@@ -50,9 +51,10 @@ def current_gpus(registry: Registry, node: str, gpus: Sequence[GpuInventory]) ->
 
 
 def _by_uuid(registry: Registry, node: str, field: str) -> dict[str, float]:
-    """Latest ``DCGM_FI_DEV_FB_<field>`` (MiB) of each physical GPU, by UUID."""
+    """Latest ``DCGM_FI_DEV_FB_<field>`` (MiB) of each physical GPU, by UUID (4.9's
+    ``DCGM_FI_DEV_FB_<field>_BYTES`` turned into MiB where the node publishes that)."""
     out = {}
-    for labels, value in registry.latest(node, f"DCGM_FI_DEV_FB_{field}"):
+    for labels, value in latest(registry, node, f"DCGM_FI_DEV_FB_{field}"):
         d = dict(labels)
         if not d.get("GPU_I_ID") and "UUID" in d:
             out[d["UUID"]] = value

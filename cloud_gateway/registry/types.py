@@ -25,7 +25,17 @@ def state_families(states: Mapping[str, NodeState]) -> list[FamilySamples]:
     return [by("gpurelay_gateway_nodes", "state", by_state)]
 
 
-FB_FAMILIES = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
+# Read by the BIE document (cloud_gateway.http.bie), under dcgm-exporter 4.8's or 4.9's names.
+FB_FAMILIES = frozenset(
+    {
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_FB_USED_BYTES",
+        "DCGM_FI_DEV_FB_FREE_BYTES",
+        "DCGM_FI_DEV_FB_RESERVED_BYTES",
+    }
+)
 
 
 class LineFormat(Protocol):

@@ -8,6 +8,11 @@ gpu-metrics.yaml`` and ``common-metrics.yaml``, development status):
   ``hw.gpu.task`` ``general``, ``DCGM_FI_DEV_ENC_UTIL`` / 100 (``encoder``),
   ``DCGM_FI_DEV_DEC_UTIL`` / 100 (``decoder``);
 - ``hw.gpu.memory.usage`` (UpDownCounter, ``By``): ``DCGM_FI_DEV_FB_USED`` x 2^20;
+- under dcgm-exporter 4.9's names (gpurelay.naming), the same from
+  ``DCGM_FI_DEV_GPU_UTIL_RATIO``, ``DCGM_FI_DEV_ENC_UTIL_RATIO``, ``DCGM_FI_DEV_DEC_UTIL_RATIO``
+  (already ratios) and ``DCGM_FI_DEV_FB_USED_BYTES`` (bytes), and ``hw.gpu.memory.limit``
+  (UpDownCounter, ``By``) from ``DCGM_FI_DEV_FB_CAPACITY_BYTES``: exact bytes, where 4.8's
+  whole MiB are not;
 - ``hw.errors`` (Counter, ``{error}``, ``hw.type`` ``gpu``): ``DCGM_FI_DEV_ECC_SBE_VOL_TOTAL``
   with ``error.type`` ``corrected``, ``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`` (``uncorrected``);
 - ``hw.status`` (UpDownCounter, ``1``, ``hw.type`` ``gpu``): from every watch of
@@ -16,13 +21,15 @@ gpu-metrics.yaml`` and ``common-metrics.yaml``, development status):
   of ``ok``, ``degraded``, ``failed``, ``predicted_failure``.
 
 Every point carries ``hw.id`` (the GPU's UUID, required), ``hw.model`` (``modelName``),
-``hw.driver_version`` (``DCGM_FI_DRIVER_VERSION``) and ``hw.vendor`` ``NVIDIA``; the node is
-the resource's ``host.name``. Only whole GPUs: a MIG instance's series (``GPU_I_ID``) has
-no ``hw.id`` of its own in the conventions and would count its GPU twice.
+``hw.driver_version`` (``DCGM_FI_DRIVER_VERSION``, 4.9: ``DCGM_FI_SYSTEM_DRIVER_VERSION``)
+and ``hw.vendor`` ``NVIDIA``; the node is the resource's ``host.name``. Only whole GPUs: a
+MIG instance's series (``GPU_I_ID``) has no ``hw.id`` of its own in the conventions and
+would count its GPU twice.
 
-Left out, and why: ``hw.gpu.memory.limit`` and ``hw.gpu.memory.utilization`` (DCGM gives
-the framebuffer in whole MiB, each part rounded down, so a total made of them would be
-off by up to 3 MiB; ``DCGM_FI_DEV_FB_TOTAL`` is not collected); ``hw.gpu.io`` (a counter
+Left out, and why: ``hw.gpu.memory.limit`` under 4.8's names and
+``hw.gpu.memory.utilization`` (4.8 gives the framebuffer in whole MiB, each part rounded
+down, so a total made of them would be off by up to 3 MiB; a ratio would need used and
+capacity of one instant joined here); ``hw.gpu.io`` (a counter
 of bytes, where DCGM gives PCIe rates: integrating them here would invent a counter).
 """
 
@@ -38,6 +45,7 @@ from gpurelay.model import MIB
 SHAPES: Final[dict[str, tuple[str, str]]] = {
     "hw.gpu.utilization": ("gauge", "1"),
     "hw.gpu.memory.usage": ("updown", "By"),
+    "hw.gpu.memory.limit": ("updown", "By"),
     "hw.errors": ("counter", "{error}"),
     "hw.status": ("updown", "1"),
 }
@@ -49,6 +57,12 @@ _SIMPLE: Final[dict[str, tuple[str, tuple[tuple[str, str], ...], float, float]]]
     "DCGM_FI_DEV_ENC_UTIL": ("hw.gpu.utilization", (("hw.gpu.task", "encoder"),), 1, 100),
     "DCGM_FI_DEV_DEC_UTIL": ("hw.gpu.utilization", (("hw.gpu.task", "decoder"),), 1, 100),
     "DCGM_FI_DEV_FB_USED": ("hw.gpu.memory.usage", (), MIB, 1),
+    # dcgm-exporter 4.9's names and units
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": ("hw.gpu.utilization", (("hw.gpu.task", "general"),), 1, 1),
+    "DCGM_FI_DEV_ENC_UTIL_RATIO": ("hw.gpu.utilization", (("hw.gpu.task", "encoder"),), 1, 1),
+    "DCGM_FI_DEV_DEC_UTIL_RATIO": ("hw.gpu.utilization", (("hw.gpu.task", "decoder"),), 1, 1),
+    "DCGM_FI_DEV_FB_USED_BYTES": ("hw.gpu.memory.usage", (), 1, 1),
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": ("hw.gpu.memory.limit", (), 1, 1),
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": (
         "hw.errors",
         (("hw.type", "gpu"), ("error.type", "corrected")),
@@ -78,7 +92,10 @@ def hardware_series(series: Sequence[Series], node_label: str) -> list[Series]:
             (node_label, d.get(node_label, "")),
             ("hw.id", d["UUID"]),
             ("hw.model", d.get("modelName", "")),
-            ("hw.driver_version", d.get("DCGM_FI_DRIVER_VERSION", "")),
+            (
+                "hw.driver_version",
+                d.get("DCGM_FI_DRIVER_VERSION") or d.get("DCGM_FI_SYSTEM_DRIVER_VERSION", ""),
+            ),
             ("hw.vendor", "NVIDIA"),
         )
         if name == HEALTH:

@@ -30,6 +30,9 @@ them, per device, what the page shows:
   shown; each instance shows its own.
 - memory: ``DCGM_FI_DEV_FB_USED`` of ``DCGM_FI_DEV_FB_TOTAL`` where the node sends it,
   else of used + free + reserved (NVML's total; reserved 0 where not sent) (MiB).
+- a node on dcgm-exporter 4.9's names (``DCGM_FI_DEV_GPU_UTIL_RATIO``,
+  ``DCGM_FI_DEV_FB_USED_BYTES``, ...) is read the same, in these units
+  (:mod:`cloud_gateway.http.schemes`).
 
 A ``gpu`` label is a GPU index only as :func:`gpu_index` reads it (ASCII decimal, as
 ``str(int)`` writes it, below HELLO's 256 GPUs): ``str.isdigit()`` is also true of "²",
@@ -43,8 +46,9 @@ import math
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
+from cloud_gateway.http.schemes import Latest, latest, with_49_names
 from gpurelay.model import Labels
 from gpurelay.wire.frames import HELLO_GPUS
 
@@ -60,8 +64,8 @@ PROCESS_SM: Final = "DCGM_CUSTOM_PROCESS_SM_UTIL"
 SPOOL_BATCHES: Final = "gpurelay_agent_spool_batches"
 SPOOL_BYTES: Final = "gpurelay_agent_spool_bytes"
 # The families the page reads through Registry.latest (the gateway tracks them).
-UI_FAMILIES: Final = frozenset(
-    {UTIL, GR_ACTIVE, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL}
+UI_FAMILIES: Final = with_49_names(
+    frozenset({UTIL, GR_ACTIVE, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL})
     | {PROCESS_MEM, PROCESS_SM, SPOOL_BATCHES, SPOOL_BYTES}
 )
 WHOLE: Final = ""  # the GPU_I_ID under which per_device keys a whole GPU's series
@@ -84,12 +88,6 @@ def gpu_order(label: str) -> tuple[int, str]:
     """A sort key: GPU indices by number, then any other label by its text."""
     index = gpu_index(label)
     return (index, "") if index is not None else (1 << 30, label)
-
-
-class Latest(Protocol):
-    """What the ring reads of the registry (:class:`cloud_gateway.registry.store.Registry`)."""
-
-    def latest(self, node: str, family: str) -> list[tuple[Labels, float]]: ...
 
 
 Device = tuple[str, str]  # (gpu label, GPU_I_ID or WHOLE)
@@ -119,8 +117,8 @@ def per_gpu(rows: Iterable[tuple[Labels, float]]) -> dict[str, float]:
 
 def utilisation(registry: Latest, node: str) -> dict[Device, float]:
     """Per device, %: GPU_UTIL, else GR_ENGINE_ACTIVE as percent (see the module's notes)."""
-    out = {k: 100.0 * v for k, (_, v) in per_device(registry.latest(node, GR_ACTIVE)).items()}
-    out.update((k, v) for k, (_, v) in per_device(registry.latest(node, UTIL)).items())
+    out = {k: 100.0 * v for k, (_, v) in per_device(latest(registry, node, GR_ACTIVE)).items()}
+    out.update((k, v) for k, (_, v) in per_device(latest(registry, node, UTIL)).items())
     return out
 
 
@@ -138,7 +136,7 @@ def readings(registry: Latest, node: str) -> dict[Device, Reading]:
     """Every device of ``node`` that sent utilisation or memory, each from its own series."""
     util = utilisation(registry, node)
     used, free, reserved, total = (
-        per_device(registry.latest(node, f)) for f in (FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL)
+        per_device(latest(registry, node, f)) for f in (FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL)
     )
     out = {}
     for key in sorted(util.keys() | used.keys() | free.keys() | total.keys()):
@@ -235,7 +233,7 @@ class RecentValues:
             }
             mem = {
                 g: v
-                for g, v in per_gpu(registry.latest(node, FB_USED)).items()
+                for g, v in per_gpu(latest(registry, node, FB_USED)).items()
                 if gpu_index(g) is not None
             }
             ring.add(last_batch, util, mem)

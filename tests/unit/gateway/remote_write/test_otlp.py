@@ -230,6 +230,33 @@ def test_the_hardware_conventions_beside_the_dcgm_names() -> None:
     assert len(got) == 7 + 8  # nothing from the MIG instance
 
 
+def test_the_hardware_conventions_from_dcgm_exporter_49_names() -> None:
+    """Under 4.9's names the utilisations are ratios already and memory is bytes, so the
+    capacity gives hw.gpu.memory.limit exactly; the driver label is 4.9's."""
+    gpu = tuple(
+        ("DCGM_FI_SYSTEM_DRIVER_VERSION", v) if k == "DCGM_FI_DRIVER_VERSION" else (k, v)
+        for k, v in GPU
+    )
+    series: list[Series] = [
+        ((("__name__", "DCGM_FI_DEV_GPU_UTIL_RATIO"), *gpu), [(T0, 0.42)]),
+        ((("__name__", "DCGM_FI_DEV_ENC_UTIL_RATIO"), *gpu), [(T0, 0.05)]),
+        ((("__name__", "DCGM_FI_DEV_DEC_UTIL_RATIO"), *gpu), [(T0, 0.0)]),
+        ((("__name__", "DCGM_FI_DEV_FB_USED_BYTES"), *gpu), [(T0, 1_048_588_395.0)]),
+        ((("__name__", "DCGM_FI_DEV_FB_CAPACITY_BYTES"), *gpu), [(T0, 85_520_809_984.0)]),
+        ((("__name__", "DCGM_FI_DEV_FB_USED_BYTES"), *gpu, ("GPU_I_ID", "1")), [(T0, 5.0)]),
+    ]
+    got = hw_points(list(encode_otlp_requests(series, 3, node_label="Hostname", kind=kind)))
+    general, encoder, decoder = (
+        (("hw.gpu.task", task),) for task in ("general", "encoder", "decoder")
+    )
+    assert got[("hw.gpu.utilization", T0, general)] == ("gauge", "1", 0.42)
+    assert got[("hw.gpu.utilization", T0, encoder)] == ("gauge", "1", 0.05)
+    assert got[("hw.gpu.utilization", T0, decoder)] == ("gauge", "1", 0.0)
+    assert got[("hw.gpu.memory.usage", T0, ())] == ("updown", "By", 1_048_588_395.0)
+    assert got[("hw.gpu.memory.limit", T0, ())] == ("updown", "By", 85_520_809_984.0)
+    assert len(got) == 5
+
+
 def test_the_hardware_conventions_can_be_left_out() -> None:
     series: list[Series] = [((("__name__", "DCGM_FI_DEV_GPU_UTIL"), *GPU), [(T0, 42.0)])]
     requests = list(
