@@ -19,6 +19,7 @@ from cloud_gateway.exposition import body as exposition
 from cloud_gateway.metrics import catalogue
 from cloud_gateway.trust import cert_expiry
 from edge_agent import outbox
+from gpurelay import naming
 from gpurelay.model import Family
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -98,7 +99,7 @@ def test_alert_is_written_for_whoever_is_paged(name: str) -> None:
 
 def exported_names() -> set[str]:
     """The families the gateway and the agent define (their Family objects), and the DCGM
-    fields of the agent's default catalogue."""
+    fields of the agent's built-in counters under either naming scheme."""
     names: set[str] = set()
     names.update(catalogue())  # the gateway's own, cloud_gateway/data/gateway_families.csv
     for module in (exposition, cert_expiry, outbox):
@@ -106,10 +107,11 @@ def exported_names() -> set[str]:
             for item in value if isinstance(value, tuple) else (value,):
                 if isinstance(item, Family):
                     names.add(item.name)
-    csv = ROOT / "edge_agent" / "data" / "default-counters.csv"
-    for line in csv.read_text(encoding="utf-8").splitlines():
-        if line.startswith("DCGM_"):
-            names.add(line.split(",")[0].strip())
+    for name in ("default-counters.csv", "default-counters-4.9.csv"):
+        csv = ROOT / "edge_agent" / "data" / name
+        for line in csv.read_text(encoding="utf-8").splitlines():
+            if line.startswith("DCGM_"):
+                names.add(line.split(",")[0].strip())
     return names
 
 
@@ -118,6 +120,16 @@ def test_alerts_use_only_metric_names_the_product_exports() -> None:
     assert used, "no metric names found in the expressions"
     missing = sorted(used - exported_names())
     assert not missing, f"not exported by the gateway or the agent: {missing}"
+
+
+def test_gpu_alerts_fire_under_either_naming_scheme() -> None:
+    """A rule on a field dcgm-exporter 4.9 renamed names it under both schemes (the promtool
+    tests in deploy/prometheus/tests/alerts_test.yml fire each under each)."""
+    for rule in rules():
+        used = set(METRIC.findall(rule["expr"]))
+        for name in used:
+            other = naming.name_in(name, "4.9" if naming.scheme_of(name) == "4.8" else "4.8")
+            assert other in used, (rule["alert"], name, other)
 
 
 def test_the_operator_guide_lists_every_alert() -> None:
