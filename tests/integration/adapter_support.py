@@ -112,15 +112,22 @@ def parse_rules(raw_rules: list[dict[str, Any]]) -> list[Rule]:
     for raw in raw_rules:
         assert set(raw) <= {"seriesQuery", "seriesFilters", "resources", "name", "metricsQuery"}
         m = re.fullmatch(r"([A-Za-z_:][\w:]*)(\{.*\})?", raw["seriesQuery"])
-        assert m, f"seriesQuery {raw['seriesQuery']!r} is not a series selector"
-        series = m.group(1)
+        # or several names, {__name__=~"A|B",...}: a field under dcgm-exporter 4.8's and
+        # 4.9's names, each series named as the first by ``name`` (docs/migration.md)
+        either = re.fullmatch(r'\{__name__=~"([\w|]+)",.*\}', raw["seriesQuery"])
+        assert m or either, f"seriesQuery {raw['seriesQuery']!r} is not a series selector"
+        found = either.group(1).split("|") if either else [m.group(1)]  # type: ignore[union-attr]
+        series = found[0]
         name = series
         if "name" in raw:
             assert set(raw["name"]) == {"matches", "as"}, raw["name"]
-            assert re.search(raw["name"]["matches"], series), raw["name"]
             # Go's ${1} / $1 as Python's \1
             repl = re.sub(r"\$\{?(\d+)\}?", r"\\\1", raw["name"]["as"])
-            name = re.sub(raw["name"]["matches"], repl, series)
+            names = set()
+            for each in found:
+                assert re.search(raw["name"]["matches"], each), (raw["name"], each)
+                names.add(re.sub(raw["name"]["matches"], repl, each))
+            (name,) = names  # one custom metric, whichever name the series has
         resources = raw["resources"]
         assert set(resources) == {"overrides"}, "explicit label -> resource overrides only"
         labels = {}
@@ -131,7 +138,8 @@ def parse_rules(raw_rules: list[dict[str, Any]]) -> list[Rule]:
         query = raw["metricsQuery"]
         fields = set(re.findall(r"<<\s*\.(\w+)\s*>>", query))
         assert fields <= TEMPLATE_FIELDS, fields
-        assert {"Series", "LabelMatchers", "GroupBy"} <= fields, query
+        assert {"LabelMatchers", "GroupBy"} <= fields, query
+        assert "Series" in fields or len(found) > 1, query
         assert query.count("(") == query.count(")"), query
         rules.append(Rule(series, raw["seriesQuery"], name, labels, query))
     return rules
