@@ -33,6 +33,7 @@ import yaml
 
 from edge_agent.config import AgentConfig
 from edge_agent.sim import host as simhost
+from gpurelay.naming import by_old
 from harness.fleet import (
     TOKEN,
     agent_config,
@@ -54,6 +55,8 @@ from tests.integration.test_prometheus_e2e import (
 )
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+# GPU utilisation under dcgm-exporter 4.8's name or 4.9's (agents on either scheme)
+UTIL = "DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_GPU_UTIL_RATIO"
 UNIFIED = DEPLOY / "prometheus" / "unified.yml"
 BOTH = DEPLOY / "prometheus" / "prometheus.yml"  # the unified and the proxied job
 TEMPLATE_FIELDS = {"Series", "LabelMatchers", "GroupBy", "LabelValuesByName", "GroupBySlice"}
@@ -173,11 +176,21 @@ class Prometheus(PromQL):
         return result
 
     async def raw(self, names: set[str], when: float) -> dict[str, list[dict[str, str]]]:
-        """Every series of ``names`` at ``when``: its labels and ``value``."""
-        return {
-            name: [s["metric"] | {"value": s["value"][1]} for s in await self.at(name, when)]
-            for name in names
-        }
+        """Every series of ``names`` at ``when``: its labels and ``value``. A name dcgm-exporter
+        4.9 renamed (gpurelay.naming) also finds the series of agents on 4.9's names, its
+        value in 4.8's unit (bytes as MiB, a ratio as %)."""
+        out = {}
+        for name in names:
+            rows = [s["metric"] | {"value": s["value"][1]} for s in await self.at(name, when)]
+            rename = by_old().get(name)
+            if rename is not None:
+                rows += [
+                    s["metric"]
+                    | {"__name__": name, "value": str(rename.to_old(float(s["value"][1])))}
+                    for s in await self.at(rename.new, when)
+                ]
+            out[name] = rows
+        return out
 
 
 def share_pod(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,7 +309,7 @@ async def wait_until_scraped(prom: Prometheus, node_label: str = "Hostname") -> 
             gpus = {
                 s["metric"].get(node_label, ""): float(s["value"][1])
                 for s in await prom.at(
-                    f'count by ({node_label}) (DCGM_FI_DEV_GPU_UTIL{{job="{job}"}})', when
+                    f'count by ({node_label}) ({{__name__=~"{UTIL}",job="{job}"}})', when
                 )
             }
             if gpus != dict.fromkeys(NODES, float(GPUS)):
@@ -312,7 +325,7 @@ async def wait_until_scraped(prom: Prometheus, node_label: str = "Hostname") -> 
             if pods != set(NODES):
                 return f"nodes with GPU processes in pods through job {job}: {pods}"
         # Two scrapes at least, so range functions ($__rate_interval) have two samples.
-        samples = await prom.at("min(count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]))", when)
+        samples = await prom.at(f'min(count_over_time({{__name__=~"{UTIL}"}}[1m]))', when)
         if not samples or float(samples[0]["value"][1]) < 2:
             return f"samples per GPU series {samples}"
         return ""

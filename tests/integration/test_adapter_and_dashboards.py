@@ -47,6 +47,7 @@ from tests.integration.test_prometheus_e2e import PROXIED_JOB, UNIFIED_JOB
 RULES = DEPLOY / "prometheus-adapter" / "rules.yaml"
 HPA = DEPLOY / "kubernetes" / "hpa-gpu-example.yaml"
 DASHBOARDS = sorted((DEPLOY / "grafana").glob("*.json"))
+COUNTERS_49 = DEPLOY.parent / "edge_agent" / "data" / "default-counters-4.9.csv"
 
 # What the rules must expose (the ACK names): metric -> resource -> the label it maps from.
 DEVICE = {"node": "Hostname"}
@@ -245,13 +246,20 @@ def pod_on_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     share_pod(monkeypatch)
 
 
-@pytest.mark.parametrize("node_label", ["Hostname", "hostname"])
+@pytest.mark.parametrize(
+    ("node_label", "naming"), [("Hostname", "4.8"), ("hostname", "4.8"), ("Hostname", "4.9")]
+)
 async def test_adapter_rules_and_dashboards_against_prometheus(
-    prometheus_bin: Path, pod_on_two_gpus: None, tmp_path: Path, node_label: str
+    prometheus_bin: Path, pod_on_two_gpus: None, tmp_path: Path, node_label: str, naming: str
 ) -> None:
     """``hostname``: gateway and agents with ``node_label = "hostname"``, the rules and
-    dashboards with Hostname replaced as the operator guide says ("The node label")."""
-    async with running_fleet(prometheus_bin, tmp_path, node_label=node_label) as prom:
+    dashboards with Hostname replaced as the operator guide says ("The node label").
+    ``4.9``: agents on dcgm-exporter 4.9's names (the built-in 4.9 counters), read by the
+    same rules and dashboards."""
+    counters = COUNTERS_49 if naming == "4.9" else None
+    async with running_fleet(
+        prometheus_bin, tmp_path, node_label=node_label, counters_file=counters
+    ) as prom:
         ratio_panel = await check_dashboards(prom, node_label)
         await check_adapter_rules(prom, node_label)
         await check_ratio_panel(prom, ratio_panel, node_label)
