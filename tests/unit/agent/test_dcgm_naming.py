@@ -330,3 +330,23 @@ def test_bytes_are_nvmls_bytes_not_whole_mib(
     assert value(snap, "DCGM_FI_DEV_FB_FREE_BYTES") == m.free
     assert value(snap, "DCGM_FI_DEV_FB_USED") == m.used // MIB
     assert value(snap, "DCGM_FI_DEV_FB_FREE") == m.free // MIB
+
+
+def test_the_migration_table_is_the_map() -> None:
+    """docs/migration.md lists each rename of gpurelay/data/dcgm-names.csv, no other."""
+    text = (ROOT / "docs" / "migration.md").read_text(encoding="utf-8")
+    rows = set()
+    for line in text.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("DCGM_") and cells[1].startswith("DCGM_"):
+            rows.add((cells[0], cells[1], cells[2]))
+    want = set()
+    for r in naming.renames():
+        unit = f"{r.old_unit} → {r.new_unit}" if r.rescales else r.old_unit
+        want.add((r.old, r.new, unit))
+    assert rows == want
+
+
+def test_the_setting_is_read_from_the_environment() -> None:
+    assert load(None, {}).dcgm_naming == naming.DEFAULT_NAMING == "4.8"
+    assert load(None, {"EDGE_AGENT_DCGM_NAMING": "4.9"}).dcgm_naming == "4.9"
