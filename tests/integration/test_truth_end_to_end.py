@@ -1,6 +1,7 @@
 """Truth end to end (issue 23): every figure a user reads is what NVML said.
 
-One test per machine profile of the simulator (:data:`edge_agent.sim.profiles.PROFILES`).
+One test per machine profile of the simulator (:data:`edge_agent.sim.profiles.PROFILES`),
+and two more whose agents publish dcgm-exporter 4.9's names and units (docs/migration.md).
 All profiles run at once as nodes of one real gateway, scraped by one real Prometheus with
 the shipped ``prometheus.yml`` (:mod:`tests.integration.truth_fleet`); the source values
 are the simulator's own answers (:mod:`tests.integration.truth_source`). Each test
@@ -37,7 +38,6 @@ import pytest
 import pytest_asyncio
 
 from cloud_gateway.http.ui.html import mib, pct
-from edge_agent.sim.profiles import PROFILES
 from harness.fleet import TOKEN
 from tests.integration.test_adapter_and_dashboards import (
     BUILTINS,
@@ -49,6 +49,7 @@ from tests.integration.test_adapter_and_dashboards import (
 from tests.integration.test_prometheus_e2e import UNIFIED_JOB
 from tests.integration.truth_fleet import (
     JOBS,
+    MEMBERS,
     Fleet,
     Member,
     Sample,
@@ -82,8 +83,10 @@ async def fleet(
         yield f
 
 
-@pytest.mark.parametrize("profile", sorted(PROFILES))
+@pytest.mark.parametrize("profile", sorted(MEMBERS))
 async def test_every_figure_is_what_nvml_said(fleet: Fleet, profile: str) -> None:
+    """``*-dcgm49``: H100 nodes (MIG and not) whose agents publish dcgm-exporter 4.9's names
+    and units, read by the same dashboards, rules, BIE and page."""
     member = fleet.members[profile]
     found = Findings()
     agent_metrics = await exposition(fleet.http, f"http://127.0.0.1:{member.agent.port}/metrics")
@@ -387,7 +390,7 @@ def mean(values: Iterable[float]) -> float | None:
 
 def whole(t: NodeTruth, field: str) -> dict[str, float]:
     """gpu -> ``field`` of each whole GPU that has it."""
-    return {d.gpu: d.fields[field] for d in t.whole() if field in d.fields}
+    return {d.gpu: d.as48[field] for d in t.whole() if field in d.as48}
 
 
 def scalar(value: float | None) -> Want:
@@ -401,12 +404,12 @@ def by_node(value: float | None, t: NodeTruth) -> Want:
 def per_gpu(field: str) -> Callable[[Context], Want]:
     return lambda c: Want(
         ("gpu", "UUID"),
-        {(d.gpu, d.uuid): d.fields[field] for d in c.t.whole() if field in d.fields},
+        {(d.gpu, d.uuid): d.as48[field] for d in c.t.whole() if field in d.as48},
     )
 
 
 def used_share(d: Device) -> float:
-    used, free = d.fields["DCGM_FI_DEV_FB_USED"], d.fields["DCGM_FI_DEV_FB_FREE"]
+    used, free = d.as48["DCGM_FI_DEV_FB_USED"], d.as48["DCGM_FI_DEV_FB_FREE"]
     return used / (used + free)
 
 
@@ -666,9 +669,9 @@ async def page_rows(fleet: Fleet, path: str) -> Rows:
 
 def shown_util(d: Device) -> float | None:
     """The utilisation a page shows: NVML's, else (MIG) the graphics engine's activity."""
-    if UTIL in d.fields:
-        return d.fields[UTIL]
-    active = d.fields.get("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    if UTIL in d.as48:
+        return d.as48[UTIL]
+    active = d.as48.get("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
     return None if active is None else 100 * active
 
 
@@ -694,7 +697,7 @@ async def check_operator_page(found: Findings, fleet: Fleet, t: NodeTruth) -> No
     want: dict[Key, Any] = {}
     for (gpu, gi), d in t.devices.items():
         want[(gpu, gi, "utilisation")] = pct(shown_util(d))
-        want[(gpu, gi, "memory")] = f"{mib(d.fields.get(USED))} of {mib(d.memory_bytes[1] / MIB)}"
+        want[(gpu, gi, "memory")] = f"{mib(d.as48.get(USED))} of {mib(d.memory_bytes[1] / MIB)}"
         if gi != WHOLE:
             want[(gpu, gi, "profile")] = f"MIG {d.profile}"
     for p in t.processes.values():
@@ -712,7 +715,7 @@ async def check_operator_page(found: Findings, fleet: Fleet, t: NodeTruth) -> No
         return
     (util_attrs, util_text), (memory_attrs, memory_text) = row[3], row[4]
     utils = [u for d in t.whole() if (u := shown_util(d)) is not None]
-    used = sum(d.fields[USED] for d in t.whole())
+    used = sum(d.as48[USED] for d in t.whole())
     total = sum(d.memory_bytes[1] / MIB for d in t.whole())
     found.compare(
         f"/ui, the row of {t.node}",

@@ -68,8 +68,17 @@ SCRAPED_DEADLINE = 60.0  # Prometheus start -> both jobs scraped every node twic
 Sample = tuple[str, dict[str, str], float]  # name, labels, value
 
 
-def node_of(profile: str) -> str:
-    return f"truth-{profile}"
+# The fleet's members: one per machine profile on dcgm-exporter 4.8's names (the default),
+# and one more on 4.9's (docs/migration.md): member -> (machine profile, naming scheme).
+MEMBERS: dict[str, tuple[str, str]] = {
+    **{profile: (profile, "4.8") for profile in PROFILES},
+    "h100-sxm-dcgm49": ("h100-sxm", "4.9"),
+    "h100-mig-dcgm49": ("h100-mig", "4.9"),
+}
+
+
+def node_of(member: str) -> str:
+    return f"truth-{member}"
 
 
 @dataclass
@@ -83,6 +92,7 @@ class Member:
     clock: FakeClock
     pods: dict[int, tuple[str, str, str]]
     truth: NodeTruth | None = None
+    naming: str = "4.8"  # dcgm-exporter's naming scheme the agent publishes
 
     @property
     def known(self) -> NodeTruth:
@@ -139,15 +149,18 @@ def one_job(expr: str, job: str) -> str:
 @asynccontextmanager
 async def running_truth_fleet(prometheus_bin: Path, tmp: Path) -> AsyncIterator[Fleet]:
     pki = make_pki(tmp)
-    counters = frozenset(c.field for c in load_counters(None) if c.kind != "label")
+    counters = {
+        naming: frozenset(c.field for c in load_counters(None, naming) if c.kind != "label")  # type: ignore[arg-type]
+        for naming in ("4.8", "4.9")
+    }
     async with (
         running_gateway(gateway_config(pki)) as gw,
         AsyncExitStack() as agents,
         httpx.AsyncClient(timeout=10, trust_env=False) as http,
     ):
         members: dict[str, Member] = {}
-        for seed, profile in enumerate(sorted(PROFILES), start=21):
-            members[profile] = await _start(agents, pki, gw, profile, seed, tmp)
+        for seed, member in enumerate(sorted(MEMBERS), start=21):
+            members[member] = await _start(agents, pki, gw, member, seed, tmp)
         await wait_for(
             lambda: (
                 {m.node for m in members.values()} <= set(gw.registry.states(time.time()))
@@ -161,7 +174,9 @@ async def running_truth_fleet(prometheus_bin: Path, tmp: Path) -> AsyncIterator[
             m.clock.advance(STEP)
         await asyncio.gather(*(_collect_again(m) for m in members.values()))
         for p, m in members.items():
-            m.truth = read_node(m.sim, baselines[p], node=m.node, counters=counters, pods=m.pods)
+            m.truth = read_node(
+                m.sim, baselines[p], node=m.node, counters=counters[m.naming], pods=m.pods
+            )
         gateway_url = f"http://127.0.0.1:{gw.http_port}"
 
         async def pushed() -> bool:
@@ -179,7 +194,7 @@ async def running_truth_fleet(prometheus_bin: Path, tmp: Path) -> AsyncIterator[
 
 
 async def _start(
-    agents: AsyncExitStack, pki: Any, gw: Gateway, profile: str, seed: int, tmp: Path
+    agents: AsyncExitStack, pki: Any, gw: Gateway, member: str, seed: int, tmp: Path
 ) -> Member:
     """An agent of ``profile`` whose simulator runs on a clock of our own; the simulator
     and the fake host's pods are caught as the agent builds them."""
@@ -198,10 +213,12 @@ async def _start(
         hosts.append(real_build(root, pids, host_seed))
         return hosts[-1]
 
-    node = node_of(profile)
-    cfg = agent_config(pki, node, gw, spool_dir=tmp / f"spool-{profile}")
+    profile, naming = MEMBERS[member]
+    node = node_of(member)
+    cfg = agent_config(pki, node, gw, spool_dir=tmp / f"spool-{member}")
     cfg = dataclasses.replace(
         cfg,
+        dcgm_naming=naming,
         interval_seconds=INTERVAL,
         # Every collection lists processes (the collector's clock is the wall clock).
         process_interval_seconds=0.001,
@@ -212,7 +229,7 @@ async def _start(
         mp.setattr(simhost, "build", build)
         agent = await agents.enter_async_context(running_agent(cfg))
     [(sim, clock)], [host] = made, hosts
-    return Member(profile, node, agent, sim, clock, dict(host.pods))
+    return Member(profile, node, agent, sim, clock, dict(host.pods), naming=naming)
 
 
 async def _collect_again(m: Member) -> None:

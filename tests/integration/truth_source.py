@@ -22,6 +22,7 @@ from typing import Any
 import pynvml
 
 from edge_agent.sim.nvml import SimulatedNvml
+from gpurelay.naming import by_new
 
 MIB = 2**20
 Handle = Any
@@ -53,6 +54,17 @@ _PCIE = {  # field: (GPM metric in MiB/s, nvmlDeviceGetPcieThroughput counter in
     ),
 }
 _GPM_METRICS = (*_ACTIVITY.values(), *(m for m, _ in _PCIE.values()))
+# The same shares under dcgm-exporter 4.9's names (DCGM 4.6's aliases: the same field)
+_ACTIVITY_49 = {
+    "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    "DCGM_FI_PROF_SM_UTIL_RATIO": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "DCGM_FI_PROF_SM_OCCUPANCY_RATIO": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "DCGM_FI_PROF_TENSOR_UTIL_RATIO": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "DCGM_FI_PROF_DRAM_UTIL_RATIO": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "DCGM_FI_PROF_FP64_UTIL_RATIO": pynvml.NVML_GPM_METRIC_FP64_UTIL,
+    "DCGM_FI_PROF_FP32_UTIL_RATIO": pynvml.NVML_GPM_METRIC_FP32_UTIL,
+    "DCGM_FI_PROF_FP16_UTIL_RATIO": pynvml.NVML_GPM_METRIC_FP16_UTIL,
+}
 
 
 def _not_supported() -> pynvml.NVMLError:
@@ -71,6 +83,18 @@ class Device:
     memory_bytes: tuple[int, int]  # (used, total) as nvmlDeviceGetMemoryInfo says
     # fields of several series (dcgm-exporter's DCGM_EXP_*): (field, their own labels) ->
     series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+
+    @property
+    def as48(self) -> dict[str, float]:
+        """The figures under dcgm-exporter 4.8's names and units, whichever scheme the agent
+        published: what the dashboards, the adapter rules and the page read (a 4.9 field
+        in 4.8's unit, as they turn it: bytes / 2^20, a ratio x 100)."""
+        out = dict(self.fields)
+        for name, value in self.fields.items():
+            rename = by_new().get(name)
+            if rename is not None:
+                out.setdefault(rename.old, rename.to_old(value))
+        return out
 
 
 @dataclass(frozen=True)
@@ -97,7 +121,7 @@ class NodeTruth:
 
     def field(self, name: str) -> dict[tuple[str, str], float]:
         """(gpu, GPU_I_ID) -> value of ``name`` on every device that has it."""
-        return {k: d.fields[name] for k, d in self.devices.items() if name in d.fields}
+        return {k: d.as48[name] for k, d in self.devices.items() if name in d.as48}
 
 
 # --- the MIG layout, as NVML enumerates it ------------------------------------------------
@@ -209,7 +233,7 @@ class _Now:
     sim: SimulatedNvml
     handle: Handle
     gpm: dict[int, float] | None
-    nvlink: float | None = None  # KiB/s / 1000 since the baseline
+    nvlink: float | None = None  # KiB/s since the baseline
 
     def call(self, function: str, *args: Any) -> Any:
         return getattr(self.sim, function)(self.handle, *args)
@@ -225,7 +249,8 @@ class _Now:
             return int(m.total), None, int(m.free), int(m.used)
 
     def activity(self, field: str) -> float:
-        value = None if self.gpm is None else self.gpm.get(_ACTIVITY[field])
+        metric = _ACTIVITY.get(field) or _ACTIVITY_49[field]
+        value = None if self.gpm is None else self.gpm.get(metric)
         if value is None:
             raise _not_supported()
         return value / 100
@@ -245,10 +270,13 @@ class _Now:
         return float(entry.value.uiVal)
 
     def reserved(self) -> float:
+        return float(self.reserved_bytes() // MIB)
+
+    def reserved_bytes(self) -> float:
         reserved = self.memory()[1]
         if reserved is None:
             raise _not_supported()
-        return float(reserved // MIB)
+        return float(reserved)
 
     def clock_reasons(self) -> float:
         try:
@@ -269,9 +297,16 @@ class _Now:
         return 0.0
 
     def nvlink_rate(self) -> float:
+        """DCGM's "MB/s": KiB/s / 1000."""
         if self.nvlink is None:
             raise _not_supported()
-        return self.nvlink
+        return self.nvlink / 1000
+
+    def nvlink_bytes(self) -> float:
+        """dcgm-exporter 4.9's B/s: KiB/s x 1024."""
+        if self.nvlink is None:
+            raise _not_supported()
+        return self.nvlink * 1024
 
 
 _C, _U = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
@@ -334,6 +369,46 @@ FIELDS: dict[str, Callable[[_Now], float]] = {
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": lambda n: n.call("nvmlDeviceGetRemappedRows")[3],
     **{name: (lambda n, name=name: n.activity(name)) for name in _ACTIVITY},  # type: ignore[misc]
     **{name: (lambda n, name=name: n.pcie(name)) for name in _PCIE},  # type: ignore[misc]
+    # dcgm-exporter 4.9's names (docs/migration.md), each in its own unit, from NVML
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": lambda n: (
+        n.call("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM) * 1_000_000
+    ),
+    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": lambda n: (
+        n.call("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_MEM) * 1_000_000
+    ),
+    "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS": lambda n: n.field_value(pynvml.NVML_FI_DEV_MEMORY_TEMP),
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS": lambda n: n.call(
+        "nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU
+    ),
+    "DCGM_FI_DEV_BOARD_POWER_WATTS": lambda n: n.call("nvmlDeviceGetPowerUsage") / 1000,
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": lambda n: (
+        n.call("nvmlDeviceGetTotalEnergyConsumption") / 1000
+    ),
+    "DCGM_FI_DEV_PCIE_REPLAY_TOTAL": lambda n: n.call("nvmlDeviceGetPcieReplayCounter"),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": lambda n: n.call("nvmlDeviceGetUtilizationRates").gpu / 100,
+    "DCGM_FI_DEV_MEMORY_COPY_UTIL_RATIO": lambda n: (
+        n.call("nvmlDeviceGetUtilizationRates").memory / 100
+    ),
+    "DCGM_FI_DEV_ENC_UTIL_RATIO": lambda n: n.call("nvmlDeviceGetEncoderUtilization")[0] / 100,
+    "DCGM_FI_DEV_DEC_UTIL_RATIO": lambda n: n.call("nvmlDeviceGetDecoderUtilization")[0] / 100,
+    "DCGM_FI_DEV_XID_ERROR": _Now.xid,
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": _Now.clock_reasons,
+    "DCGM_FI_DEV_FB_FREE_BYTES": lambda n: float(n.memory()[2]),
+    "DCGM_FI_DEV_FB_USED_BYTES": lambda n: float(n.memory()[3]),
+    "DCGM_FI_DEV_FB_RESERVED_BYTES": _Now.reserved_bytes,
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": lambda n: float(n.memory()[0]),
+    "DCGM_FI_DEV_PAGE_RETIRED_SBE_TOTAL": _retired(
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    ),
+    "DCGM_FI_DEV_PAGE_RETIRED_DBE_TOTAL": _retired(
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    ),
+    "DCGM_FI_DEV_PAGE_RETIRED_PENDING": lambda n: n.call("nvmlDeviceGetRetiredPagesPendingStatus"),
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": _Now.nvlink_bytes,
+    "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL": lambda n: n.call("nvmlDeviceGetRemappedRows")[0],
+    "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL": lambda n: n.call("nvmlDeviceGetRemappedRows")[1],
+    "DCGM_FI_DEV_ROW_REMAP_FAILED": lambda n: n.call("nvmlDeviceGetRemappedRows")[3],
+    **{name: (lambda n, name=name: n.activity(name)) for name in _ACTIVITY_49},  # type: ignore[misc]
 }
 # --- dcgm-exporter's health series (DCGM_EXP_*), by DCGM's rules -----------------------------
 #
@@ -403,6 +478,8 @@ SEVERAL: dict[str, Callable[[_Now, Baseline, int], Labelled]] = {
 # NVLink traffic, which only the whole GPU has).
 INSTANCE_FIELDS = frozenset(
     {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED", *_ACTIVITY}
+    | {"DCGM_FI_DEV_FB_FREE_BYTES", "DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_RESERVED_BYTES"}
+    | {"DCGM_FI_DEV_FB_CAPACITY_BYTES", *_ACTIVITY_49}
 )
 
 
@@ -444,7 +521,7 @@ def read_node(
         reading = _nvlink_counters(sim, handle)
         if reading is not None and index in base.nvlink:
             (kib1, us1), (kib2, us2) = base.nvlink[index], reading
-            now.nvlink = (kib2 - kib1) / ((us2 - us1) / 1e6) / 1000
+            now.nvlink = (kib2 - kib1) / ((us2 - us1) / 1e6)
         total, _, _, used = now.memory()
         devices[(gpu, WHOLE)] = Device(
             gpu,
