@@ -1,0 +1,127 @@
+"""Which Jetson this is: the module's model, SoC and part number, the L4T release and the
+JetPack it belongs to.
+
+Sources (docs/jetson.md):
+
+- ``/proc/device-tree/model``: the model string, NUL-terminated ("NVIDIA Jetson AGX Orin
+  Developer Kit");
+- ``/proc/device-tree/compatible``: NUL-separated, most specific first
+  (``nvidia,p3737-0000+p3701-0005``, ``nvidia,tegra234``): carrier + module part numbers,
+  then the SoC;
+- ``/etc/nv_tegra_release``: ``# R35 (release), REVISION: 4.1, GCID: ..., BOARD: ...``, the
+  L4T release 35.4.1 (R32.5 wrote ``REVISION: 5``: release 32.5).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge_agent.jetson.files import Missing, read_text
+
+# L4T release -> JetPack, as NVIDIA's release notes pair them (the releases an agent on
+# Python >= 3.8 meets: JetPack 5 and later; JetPack 4 only to name older boards).
+JETPACK: dict[str, str] = {
+    "32.7.4": "4.6.4",
+    "32.7.5": "4.6.5",
+    "32.7.6": "4.6.6",
+    "35.1.0": "5.0.2",
+    "35.2.1": "5.1",
+    "35.3.1": "5.1.1",
+    "35.4.1": "5.1.2",
+    "35.5.0": "5.1.3",
+    "35.6.0": "5.1.4",
+    "35.6.1": "5.1.5",
+    "35.6.2": "5.1.5",
+    "35.6.3": "5.1.5",
+    "35.6.4": "5.1.6",
+    "36.2.0": "6.0 DP",
+    "36.3.0": "6.0",
+    "36.4.0": "6.1",
+    "36.4.3": "6.2",
+    "36.4.4": "6.2.1",
+    "36.4.7": "6.2.1",
+    "36.5.0": "6.2.2",
+}
+# Module part number (compatible's "+p<module>") -> what NVIDIA sells it as
+MODULES: dict[str, str] = {
+    "p3701-0000": "Jetson AGX Orin",
+    "p3701-0004": "Jetson AGX Orin 32GB",
+    "p3701-0005": "Jetson AGX Orin 64GB",
+    "p3767-0000": "Jetson Orin NX 16GB",
+    "p3767-0001": "Jetson Orin NX 8GB",
+    "p3767-0003": "Jetson Orin Nano 8GB",
+    "p3767-0004": "Jetson Orin Nano 4GB",
+    "p3767-0005": "Jetson Orin Nano Developer Kit",
+    "p2888-0001": "Jetson AGX Xavier 16GB",
+    "p2888-0004": "Jetson AGX Xavier 32GB",
+    "p2888-0005": "Jetson AGX Xavier 64GB",
+    "p3668-0000": "Jetson Xavier NX Developer Kit",
+    "p3668-0001": "Jetson Xavier NX",
+    "p3448-0000": "Jetson Nano 4GB",
+}
+# SoC (compatible's "nvidia,tegraNNN") -> family
+SOCS: dict[str, str] = {
+    "tegra234": "Orin",
+    "tegra194": "Xavier",
+    "tegra186": "TX2",
+    "tegra210": "TX1/Nano",
+}
+_RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
+_MODULE = re.compile(r"\+(p\d{4}-\d{4})")
+
+
+@dataclass(frozen=True, slots=True)
+class Board:
+    model: str  # the device tree's model string ("" unknown)
+    soc: str  # tegra234, ... ("" unknown)
+    module: str  # the module's part number, p3701-0005 ("" unknown)
+    l4t: str  # 35.4.1 ("" unknown)
+    missing: tuple[Missing, ...] = field(default=())
+
+    @property
+    def known(self) -> bool:
+        """A Jetson this agent knows the SoC of (others are read, and said to be unknown)."""
+        return self.soc in SOCS
+
+    @property
+    def jetpack(self) -> str:
+        return JETPACK.get(self.l4t, "")
+
+    @property
+    def module_name(self) -> str:
+        """What NVIDIA sells the module as, else the model string."""
+        return MODULES.get(self.module, self.model)
+
+
+def parse_release(text: str) -> str:
+    """``# R35 (release), REVISION: 4.1, ...`` -> ``35.4.1`` ("" if not that format)."""
+    m = _RELEASE.search(text)
+    return f"{m.group(1)}.{m.group(2)}" if m else ""
+
+
+def read_board(proc_root: Path, etc_root: Path) -> Board:
+    missing: list[Missing] = []
+    model = read_text(proc_root / "device-tree" / "model")
+    if isinstance(model, Missing):
+        missing.append(model)
+        model = ""
+    compatible_path = proc_root / "device-tree" / "compatible"
+    compatible: list[str] = []
+    try:
+        compatible = [c for c in compatible_path.read_bytes().decode().split("\x00") if c]
+    except OSError as exc:
+        missing.append(Missing(compatible_path, exc.strerror or "unreadable"))
+    soc = next((c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")), "")
+    module = next((m.group(1) for c in compatible if (m := _MODULE.search(c))), "")
+    release_path = etc_root / "nv_tegra_release"
+    release = read_text(release_path)
+    if isinstance(release, Missing):
+        missing.append(release)
+        l4t = ""
+    else:
+        l4t = parse_release(release)
+        if not l4t:
+            missing.append(Missing(release_path, f"not an L4T release line: {release[:60]!r}"))
+    return Board(model, soc, module, l4t, tuple(missing))

@@ -1,0 +1,57 @@
+"""Reading one sysfs, procfs or debugfs file, as the Jetson readers need it.
+
+A value file of the kernel is one line (device-tree strings end in NUL). A read that
+fails is not an exception for the caller: :func:`read_text` returns a :class:`Missing`
+with the reason (absent, permission, I/O error, not a number), which the reader keeps
+beside what it could read.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """A file the reader wanted and could not use, and why."""
+
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def read_text(path: Path, *, first_line: bool = True) -> str | Missing:
+    """The file's text (its first line, NULs and whitespace stripped), or why not."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Missing(path, "absent")
+    except PermissionError:
+        return Missing(path, "permission denied")
+    except IsADirectoryError:
+        return Missing(path, "a directory, not a file")
+    except OSError as exc:
+        # sysfs answers EIO, ENODEV or EAGAIN for a powered-down or rail-gated block
+        name = errno.errorcode.get(exc.errno or 0, "error")
+        return Missing(path, f"unreadable ({name})")
+    text = raw.decode("utf-8", "replace")
+    if first_line:
+        text = text.split("\n", 1)[0]
+    return text.replace("\x00", "").strip()
+
+
+def read_int(path: Path) -> int | Missing:
+    """An integer file (sysfs writes base 10; a trailing unit word is ignored, as some
+    drivers print ``32760 ma``)."""
+    text = read_text(path)
+    if isinstance(text, Missing):
+        return text
+    token = text.split()[0] if text.split() else ""
+    try:
+        return int(token)
+    except ValueError:
+        return Missing(path, f"not an integer: {text[:40]!r}")
