@@ -19,6 +19,7 @@ from gpurelay import logs
 from gpurelay.bie import collect_document
 from gpurelay.exposition import render_text
 from gpurelay.model import Snapshot
+from gpurelay.naming import NAMINGS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
         "--node-name", help="node name (default: config, KUBE_NODE_NAME, NODE_NAME, hostname)"
     )
     common.add_argument("--counters", type=Path, help="dcgm-exporter counters CSV")
+    common.add_argument(
+        "--dcgm-naming",
+        choices=NAMINGS,
+        help="dcgm-exporter's names: 4.8 (default) or 4.9 (DCGM 4.7 names and units) for the "
+        "built-in counters and the driver label (docs/migration.md)",
+    )
     run = sub.add_parser("run", parents=[common], help="collect and serve until stopped")
     run.add_argument("--listen", help="HOST:PORT for /metrics (default 127.0.0.1:9400)")
     run.add_argument("--interval", type=float, metavar="SECONDS", help="device collection interval")
@@ -118,6 +125,8 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         changes["node_name"] = args.node_name
     if args.counters:
         changes["counters_file"] = args.counters
+    if args.dcgm_naming:
+        changes["dcgm_naming"] = args.dcgm_naming
     if getattr(args, "listen", None):
         changes["listen"] = args.listen
     if getattr(args, "interval", None):

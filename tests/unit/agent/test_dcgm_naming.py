@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from edge_agent import cli
 from edge_agent.catalog import DEFAULT_COUNTERS, load_counters, parse_counters
 from edge_agent.config import load
 from edge_agent.errors import ConfigError
@@ -350,3 +351,11 @@ def test_the_migration_table_is_the_map() -> None:
 def test_the_setting_is_read_from_the_environment() -> None:
     assert load(None, {}).dcgm_naming == naming.DEFAULT_NAMING == "4.8"
     assert load(None, {"EDGE_AGENT_DCGM_NAMING": "4.9"}).dcgm_naming == "4.9"
+
+
+def test_the_command_line_chooses_the_scheme(tmp_path: Path) -> None:
+    args = cli._parser().parse_args(["once", "--dcgm-naming", "4.9"])
+    assert cli._config(args).dcgm_naming == "4.9"
+    assert cli._config(cli._parser().parse_args(["once"])).dcgm_naming == "4.8"
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["once", "--dcgm-naming", "5.0"])
