@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
 from edge_agent import __version__
 from edge_agent.collect_alloc import AllocationCollector
-from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
 from edge_agent.degraded import Degraded
 from gpurelay.model import Family, GpuInventory, SampleSink, Snapshot
@@ -78,6 +78,26 @@ class ErrorSource(Protocol):
     def errors(self) -> dict[str, int]: ...
 
 
+class DeviceSource(Protocol):
+    """What the Collector needs of a backend's device collector: NVML's
+    (:class:`~edge_agent.collect_device.DeviceCollector`, the simulator's too) or a
+    Jetson's (:class:`~edge_agent.jetson.collector.JetsonDeviceCollector`). The catalogue,
+    exposition, spool and tunnel see only the samples it adds."""
+
+    degraded: Degraded
+    errors: Counter[tuple[str, str]]  # (field, error) -> how often a read failed
+
+    def collect(self, sink: SampleSink) -> list[GpuInventory]:
+        """Declare the families and add the samples of one pass; the GPUs seen."""
+        ...
+
+    def report_unsupported(self) -> dict[str, str]:
+        """Field -> why this node cannot give it."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Collector:
     """Owns the collectors and produces a :class:`Snapshot` per cycle."""
 
@@ -87,7 +107,7 @@ class Collector:
         node: str,
         node_label: str = "Hostname",
         backend: str,
-        device: DeviceCollector,
+        device: DeviceSource,
         process: ProcessCollector | None,
         attribution_errors: Callable[[], dict[str, int]] | None = None,
         process_interval: float = 0.0,

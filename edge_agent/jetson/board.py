@@ -8,6 +8,7 @@ Sources (docs/jetson.md):
 - ``/proc/device-tree/compatible``: NUL-separated, most specific first
   (``nvidia,p3737-0000+p3701-0005``, ``nvidia,tegra234``): carrier + module part numbers,
   then the SoC;
+- ``/proc/device-tree/serial-number``: the module's serial number, NUL-terminated;
 - ``/etc/nv_tegra_release``: ``# R35 (release), REVISION: 4.1, GCID: ..., BOARD: ...``, the
   L4T release 35.4.1 (R32.5 wrote ``REVISION: 5``: release 32.5).
 """
@@ -79,6 +80,7 @@ class Board:
     module: str  # the module's part number, p3701-0005 ("" unknown)
     l4t: str  # 35.4.1 ("" unknown)
     missing: tuple[Missing, ...] = field(default=())
+    serial: str = ""  # the device tree's serial-number ("" unknown)
 
     @property
     def known(self) -> bool:
@@ -124,4 +126,8 @@ def read_board(proc_root: Path, etc_root: Path) -> Board:
         l4t = parse_release(release)
         if not l4t:
             missing.append(Missing(release_path, f"not an L4T release line: {release[:60]!r}"))
-    return Board(model, soc, module, l4t, tuple(missing))
+    serial = read_text(proc_root / "device-tree" / "serial-number")
+    if isinstance(serial, Missing):
+        missing.append(serial)
+        serial = ""
+    return Board(model, soc, module, l4t, tuple(missing), serial)

@@ -38,12 +38,17 @@ class GpuNode:
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    load: float | None  # 0-1
+    load_per_mille: int | None  # as the kernel gives it, 0-1000
     frequency_hz: int | None
     min_hz: int | None
     max_hz: int | None
     governor: str | None
     missing: tuple[Missing, ...] = field(default=())
+
+    @property
+    def load(self) -> float | None:
+        """0-1."""
+        return None if self.load_per_mille is None else self.load_per_mille / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +95,7 @@ def read_gpu(gpu: GpuNode) -> GpuReading:
     else:
         governor = read
     return GpuReading(
-        load=None if load is None else load / 1000,
+        load_per_mille=load,
         frequency_hz=number(gpu.devfreq / "cur_freq"),
         min_hz=number(gpu.devfreq / "min_freq"),
         max_hz=number(gpu.devfreq / "max_freq"),

@@ -9,6 +9,7 @@ the values are typical of the board, not read from one. Used by the tests of
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,6 +188,8 @@ def build(root: Path, board: str) -> JetsonTree:
     _write(root / "README", f"SIMULATED {board}: a fake L4T sysfs/procfs tree, not a board.\n")
     dt = proc_root / "device-tree"
     _write(dt / "model", spec.model + "\x00")
+    serial = int(hashlib.sha256(board.encode()).hexdigest(), 16) % 10**11
+    _write(dt / "serial-number", f"14{serial:011d}\x00")
     _write(dt / "compatible", "".join(c + "\x00" for c in spec.compatible))
     _write(etc_root / "nv_tegra_release", spec.release + "\n# KERNEL_VARIANT: oot\n")
     # The GPU: a platform device, and its devfreq node in /sys/class/devfreq
@@ -206,25 +209,7 @@ def build(root: Path, board: str) -> JetsonTree:
         zone = sys_root / "class" / "thermal" / f"thermal_zone{i}"
         _write(zone / "type", kind + "\n")
         _write(zone / "temp", f"{millideg}\n")
-    # Power monitors
-    for address, driver, iio, channels in spec.monitors:
-        dev = sys_root / "bus" / "i2c" / "devices" / address
-        _write(dev / "name", driver + "\n")
-        if iio:
-            base = dev / "iio:device0"
-            for c, (label, mv, ma) in enumerate(channels):
-                _write(base / f"rail_name_{c}", label + "\n")
-                _write(base / f"in_voltage{c}_input", f"{mv}\n")
-                _write(base / f"in_current{c}_input", f"{ma}\n")
-                _write(base / f"in_power{c}_input", f"{mv * ma // 1000}\n")
-        else:
-            base = dev / "hwmon" / f"hwmon{int(address[-1]) + 1}"
-            for c, (label, mv, ma) in enumerate(channels, start=1):
-                _write(base / f"in{c}_label", label + "\n")
-                _write(base / f"in{c}_input", f"{mv}\n")
-                _write(base / f"curr{c}_input", f"{ma}\n")
-            _write(base / "in7_label", "sum of shunt voltages\n")
-            _write(base / "in7_input", "40\n")
+    _monitors(sys_root, spec)
     # Memory
     lines = [
         f"MemTotal:       {spec.mem_total_kb} kB",
@@ -253,3 +238,25 @@ def build(root: Path, board: str) -> JetsonTree:
     if spec.emc_mc_all is not None:
         _write(sys_root / "kernel" / spec.emc_actmon / "mc_all", f"{spec.emc_mc_all}\n")
     return JetsonTree(sys_root, proc_root, etc_root)
+
+
+def _monitors(sys_root: Path, spec: BoardSpec) -> None:
+    """The INA3221 power monitors: hwmon (r34 and later) or iio (r32)."""
+    for address, driver, iio, channels in spec.monitors:
+        dev = sys_root / "bus" / "i2c" / "devices" / address
+        _write(dev / "name", driver + "\n")
+        if iio:
+            base = dev / "iio:device0"
+            for c, (label, mv, ma) in enumerate(channels):
+                _write(base / f"rail_name_{c}", label + "\n")
+                _write(base / f"in_voltage{c}_input", f"{mv}\n")
+                _write(base / f"in_current{c}_input", f"{ma}\n")
+                _write(base / f"in_power{c}_input", f"{mv * ma // 1000}\n")
+        else:
+            base = dev / "hwmon" / f"hwmon{int(address[-1]) + 1}"
+            for c, (label, mv, ma) in enumerate(channels, start=1):
+                _write(base / f"in{c}_label", label + "\n")
+                _write(base / f"in{c}_input", f"{mv}\n")
+                _write(base / f"curr{c}_input", f"{ma}\n")
+            _write(base / "in7_label", "sum of shunt voltages\n")
+            _write(base / "in7_input", "40\n")
