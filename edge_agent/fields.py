@@ -24,7 +24,7 @@ from edge_agent.health import HealthHistory
 from edge_agent.nvml.backend import Handle, NvmlLib
 from edge_agent.nvml.gpm import GpmStream
 from gpurelay.model import MIB
-from gpurelay.naming import Rename, renames
+from gpurelay.naming import DRIVER_LABEL, Rename, renames
 
 
 class NoValueYet(Exception):
@@ -203,31 +203,28 @@ def _field_value(probe: Probe, field_id: int) -> float:
     return float(v.uiVal)
 
 
-def _nvlink_total(probe: Probe) -> float:
-    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it: the NVLink data counters
-    (KiB, RX + TX, all links) per second since the previous cycle, divided by 1000."""
+def _nvlink_rate(probe: Probe, key: str, scale: int) -> float:
+    """The NVLink data counters (KiB, RX + TX, all links) times ``scale``, per second since
+    the previous cycle (``key``: its carryover)."""
     entries = probe.call("nvmlDeviceGetFieldValues", _NVLINK_DATA_ALL_LINKS)
     for fv in entries:
         if fv.nvmlReturn != pynvml.NVML_SUCCESS:
             raise pynvml.NVMLError(fv.nvmlReturn)
-    total_kib = float(sum(int(fv.value.ullVal) for fv in entries))
+    total = float(sum(int(fv.value.ullVal) for fv in entries) * scale)
     seconds = max(int(fv.timestamp) for fv in entries) / 1e6
     assert probe.carry is not None, "the device collector gives every probe a carryover"
-    return probe.carry.rate("nvlink_kib", total_kib, seconds) / 1000.0
+    return probe.carry.rate(key, total, seconds)
+
+
+def _nvlink_total(probe: Probe) -> float:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it: KiB per second / 1000."""
+    return _nvlink_rate(probe, "nvlink_kib", 1) / 1000.0
 
 
 def _nvlink_bytes(probe: Probe) -> float:
-    """DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL under dcgm-exporter 4.9's unit: the same NVLink
-    data counters in bytes (KiB x 1024, RX + TX, all links) per second since the previous
-    cycle."""
-    entries = probe.call("nvmlDeviceGetFieldValues", _NVLINK_DATA_ALL_LINKS)
-    for fv in entries:
-        if fv.nvmlReturn != pynvml.NVML_SUCCESS:
-            raise pynvml.NVMLError(fv.nvmlReturn)
-    total = float(sum(int(fv.value.ullVal) for fv in entries) * 1024)
-    seconds = max(int(fv.timestamp) for fv in entries) / 1e6
-    assert probe.carry is not None, "the device collector gives every probe a carryover"
-    return probe.carry.rate("nvlink_bytes", total, seconds)
+    """DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL under dcgm-exporter 4.9's unit: bytes per second
+    (KiB x 1024)."""
+    return _nvlink_rate(probe, "nvlink_bytes", 1024)
 
 
 def _vgpu_license(probe: Probe) -> float:
@@ -263,18 +260,15 @@ def _retired(cause: int) -> Reader:
     return lambda p: float(len(p.call("nvmlDeviceGetRetiredPages", cause)))
 
 
-def _reserved(probe: Probe) -> float:
-    reserved = probe.memory()[1]
-    if reserved is None:  # memory info v1 only (before R510)
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    return float(reserved // MIB)
-
-
 def _reserved_bytes(probe: Probe) -> float:
     reserved = probe.memory()[1]
     if reserved is None:  # memory info v1 only (before R510)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
     return float(reserved)
+
+
+def _reserved(probe: Probe) -> float:
+    return _reserved_bytes(probe) // MIB
 
 
 def _xid(probe: Probe) -> float:
@@ -434,9 +428,7 @@ XID_FIELDS: frozenset[str] = frozenset(
 )
 
 # Fields whose value becomes a label on every device series (prom type "label").
-DRIVER_LABELS: frozenset[str] = frozenset(
-    {"DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION"}
-)
+DRIVER_LABELS: frozenset[str] = frozenset(DRIVER_LABEL.values())  # either scheme's name
 LABEL_SOURCES: frozenset[str] = DRIVER_LABELS | {
     "DCGM_FI_DEV_NAME",
     "DCGM_FI_DEV_UUID",

@@ -131,5 +131,7 @@ def scheme_of(field: str) -> Naming | None:
     return None
 
 
-def driver_label_of(field: str) -> bool:
-    return field in DRIVER_LABEL.values()
+def with_49_names(families: frozenset[str]) -> frozenset[str]:
+    """``families`` (4.8 names) and their 4.9 names: what a reader of either tracks."""
+    renames = by_old()
+    return families | {renames[f].new for f in families if f in renames}

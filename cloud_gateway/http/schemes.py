@@ -28,9 +28,3 @@ def latest(registry: Latest, node: str, family: str) -> list[tuple[Labels, float
     if rename is None:
         return rows
     return rows + [(labels, rename.to_old(v)) for labels, v in registry.latest(node, rename.new)]
-
-
-def with_49_names(families: frozenset[str]) -> frozenset[str]:
-    """``families`` and their 4.9 names: what the registry tracks for :func:`latest`."""
-    renames = by_old()
-    return families | {renames[f].new for f in families if f in renames}

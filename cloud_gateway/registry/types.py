@@ -12,6 +12,7 @@ from typing import Final, Literal, NamedTuple, Protocol, get_args
 from cloud_gateway.metrics import FamilySamples, by
 from cloud_gateway.registry.config import LivenessPolicy
 from gpurelay.model import GpuInventory, Labels
+from gpurelay.naming import with_49_names
 
 NodeState = Literal["online", "stale", "offline"]
 NODE_STATES: Final[tuple[NodeState, ...]] = get_args(NodeState)  # the one list of them
@@ -26,15 +27,8 @@ def state_families(states: Mapping[str, NodeState]) -> list[FamilySamples]:
 
 
 # Read by the BIE document (cloud_gateway.http.bie), under dcgm-exporter 4.8's or 4.9's names.
-FB_FAMILIES = frozenset(
-    {
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_FB_FREE",
-        "DCGM_FI_DEV_FB_RESERVED",
-        "DCGM_FI_DEV_FB_USED_BYTES",
-        "DCGM_FI_DEV_FB_FREE_BYTES",
-        "DCGM_FI_DEV_FB_RESERVED_BYTES",
-    }
+FB_FAMILIES = with_49_names(
+    frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"})
 )
 
 

@@ -15,6 +15,8 @@ Every reader returns what it could read and says why for what it could not (a
 a board without a rail or with debugfs closed still gives the rest. docs/jetson.md lists
 each path, its unit and where its meaning was learnt.
 
-Readers only, for now: the backend seam that makes the collectors use them is the next
-step of issue 28.
+- :mod:`~edge_agent.jetson.collector`: the device collector on them, behind the same seam
+  as NVML's (:class:`edge_agent.collect.DeviceSource`).
+
+The pipeline does not choose it yet (``[gpu] backend`` is the next step of issue 28).
 """

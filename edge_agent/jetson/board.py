@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.jetson.files import Missing, read_text
+from edge_agent.jetson.files import Missing, read_bytes, read_text
 
 # L4T release -> JetPack, as NVIDIA's release notes pair them (the releases an agent on
 # Python >= 3.8 meets: JetPack 5 and later; JetPack 4 only to name older boards).
@@ -110,11 +110,12 @@ def read_board(proc_root: Path, etc_root: Path) -> Board:
         missing.append(model)
         model = ""
     compatible_path = proc_root / "device-tree" / "compatible"
+    raw = read_bytes(compatible_path)
     compatible: list[str] = []
-    try:
-        compatible = [c for c in compatible_path.read_bytes().decode().split("\x00") if c]
-    except OSError as exc:
-        missing.append(Missing(compatible_path, exc.strerror or "unreadable"))
+    if isinstance(raw, Missing):
+        missing.append(raw)
+    else:
+        compatible = [c for c in raw.decode("utf-8", "replace").split("\x00") if c]
     soc = next((c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")), "")
     module = next((m.group(1) for c in compatible if (m := _MODULE.search(c))), "")
     release_path = etc_root / "nv_tegra_release"

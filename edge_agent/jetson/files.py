@@ -24,10 +24,10 @@ class Missing:
         return f"{self.path}: {self.reason}"
 
 
-def read_text(path: Path, *, first_line: bool = True) -> str | Missing:
-    """The file's text (its first line, NULs and whitespace stripped), or why not."""
+def read_bytes(path: Path) -> bytes | Missing:
+    """The file's bytes, or why not."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         return Missing(path, "absent")
     except PermissionError:
@@ -38,6 +38,13 @@ def read_text(path: Path, *, first_line: bool = True) -> str | Missing:
         # sysfs answers EIO, ENODEV or EAGAIN for a powered-down or rail-gated block
         name = errno.errorcode.get(exc.errno or 0, "error")
         return Missing(path, f"unreadable ({name})")
+
+
+def read_text(path: Path, *, first_line: bool = True) -> str | Missing:
+    """The file's text (its first line, NULs and whitespace stripped), or why not."""
+    raw = read_bytes(path)
+    if isinstance(raw, Missing):
+        return raw
     text = raw.decode("utf-8", "replace")
     if first_line:
         text = text.split("\n", 1)[0]
@@ -50,8 +57,17 @@ def read_int(path: Path) -> int | Missing:
     text = read_text(path)
     if isinstance(text, Missing):
         return text
-    token = text.split()[0] if text.split() else ""
+    tokens = text.split()
     try:
-        return int(token)
+        return int(tokens[0] if tokens else "")
     except ValueError:
         return Missing(path, f"not an integer: {text[:40]!r}")
+
+
+def read_value(path: Path, missing: list[Missing]) -> int | None:
+    """:func:`read_int`, with why not appended to ``missing`` (None then)."""
+    value = read_int(path)
+    if isinstance(value, Missing):
+        missing.append(value)
+        return None
+    return value

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.jetson.files import Missing, read_int, read_text
+from edge_agent.jetson.files import Missing, read_text, read_value
 
 GPU_NODE_NAMES = frozenset({"ga10b", "gv11b", "gp10b", "gb10b", "gpu"})
 
@@ -76,15 +76,7 @@ def find_gpu(sys_root: Path) -> GpuNode | Missing:
 
 def read_gpu(gpu: GpuNode) -> GpuReading:
     missing: list[Missing] = []
-
-    def number(path: Path) -> int | None:
-        value = read_int(path)
-        if isinstance(value, Missing):
-            missing.append(value)
-            return None
-        return value
-
-    load = number(gpu.device / "load")
+    load = read_value(gpu.device / "load", missing)
     if load is not None and not 0 <= load <= 1000:
         missing.append(Missing(gpu.device / "load", f"out of range: {load} per mille"))
         load = None
@@ -96,9 +88,9 @@ def read_gpu(gpu: GpuNode) -> GpuReading:
         governor = read
     return GpuReading(
         load_per_mille=load,
-        frequency_hz=number(gpu.devfreq / "cur_freq"),
-        min_hz=number(gpu.devfreq / "min_freq"),
-        max_hz=number(gpu.devfreq / "max_freq"),
+        frequency_hz=read_value(gpu.devfreq / "cur_freq", missing),
+        min_hz=read_value(gpu.devfreq / "min_freq", missing),
+        max_hz=read_value(gpu.devfreq / "max_freq", missing),
         governor=governor,
         missing=tuple(missing),
     )
@@ -106,23 +98,17 @@ def read_gpu(gpu: GpuNode) -> GpuReading:
 
 def read_emc(sys_root: Path) -> EmcReading:
     missing: list[Missing] = []
-    read = read_int(sys_root / "kernel" / "debug" / "bpmp" / "debug" / "clk" / "emc" / "rate")
-    rate: int | None = None
-    if isinstance(read, Missing):
-        missing.append(read)
-    else:
-        rate = read
+    rate = read_value(
+        sys_root / "kernel" / "debug" / "bpmp" / "debug" / "clk" / "emc" / "rate", missing
+    )
     activity: int | None = None
     for path in (
         sys_root / "kernel" / "debug" / "cactmon" / "mc_all",
         sys_root / "kernel" / "actmon_avg_activity" / "mc_all",
     ):
-        value = read_int(path)
-        if isinstance(value, Missing):
-            missing.append(value)
-            continue
-        activity = value
-        break
+        activity = read_value(path, missing)
+        if activity is not None:
+            break
     load = None
     if activity is not None and rate:
         load = min(activity / (rate / 1000) / 100, 1.0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.jetson.files import Missing, read_int, read_text
+from edge_agent.jetson.files import Missing, read_text, read_value
 
 INPUT_RAILS = ("VDD_IN", "POM_5V_IN")
 
@@ -81,10 +81,10 @@ def _hwmon_rails(hwmon: Path, chip: str, rails: list[Rail], missing: list[Missin
             label = f"{hwmon.parent.parent.name}:in{channel}"
         if label == "NC" or label.startswith("sum of"):
             continue
-        mv = _value(hwmon / f"in{channel}_input", missing)
-        ma = _value(hwmon / f"curr{channel}_input", missing)
+        mv = read_value(hwmon / f"in{channel}_input", missing)
+        ma = read_value(hwmon / f"curr{channel}_input", missing)
         if chip.startswith("ina238"):
-            uw = _value(hwmon / f"power{channel}_input", missing)
+            uw = read_value(hwmon / f"power{channel}_input", missing)
             mw = None if uw is None else uw / 1000
         else:
             mw = None if mv is None or ma is None else mv * ma / 1000
@@ -98,15 +98,7 @@ def _iio_rails(iio: Path, rails: list[Rail], missing: list[Missing]) -> None:
         if isinstance(label, Missing):
             missing.append(label)
             continue
-        mv = _value(iio / f"in_voltage{channel}_input", missing)
-        ma = _value(iio / f"in_current{channel}_input", missing)
-        mw = _value(iio / f"in_power{channel}_input", missing)
+        mv = read_value(iio / f"in_voltage{channel}_input", missing)
+        ma = read_value(iio / f"in_current{channel}_input", missing)
+        mw = read_value(iio / f"in_power{channel}_input", missing)
         rails.append(Rail(label, mv, ma, None if mw is None else float(mw)))
-
-
-def _value(path: Path, missing: list[Missing]) -> int | None:
-    value = read_int(path)
-    if isinstance(value, Missing):
-        missing.append(value)
-        return None
-    return value

@@ -48,8 +48,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from cloud_gateway.http.schemes import Latest, latest, with_49_names
+from cloud_gateway.http.schemes import Latest, latest
 from gpurelay.model import Labels
+from gpurelay.naming import with_49_names
 from gpurelay.wire.frames import HELLO_GPUS
 
 CAPACITY: Final = 120

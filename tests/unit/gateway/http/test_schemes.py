@@ -4,10 +4,11 @@ the same figures, whichever scheme the node's agent publishes (gpurelay.naming).
 from __future__ import annotations
 
 from cloud_gateway.http.bie import current_gpus
-from cloud_gateway.http.schemes import latest, with_49_names
+from cloud_gateway.http.schemes import latest
 from cloud_gateway.http.ui.history import UI_FAMILIES, readings
 from cloud_gateway.registry.types import FB_FAMILIES
 from gpurelay.model import MIB, GpuInventory, Labels
+from gpurelay.naming import with_49_names
 
 GPU: Labels = (("gpu", "0"), ("UUID", "GPU-a"), ("Hostname", "edge-1"))
 USED = 30_000 * MIB + 12_345  # bytes: not whole MiB, as a driver reports them

@@ -36,6 +36,7 @@ from cloud_gateway.remote_write.config import OtlpConfig, RemoteWriteConfig, che
 from cloud_gateway.remote_write.forwarder import Forwarder, ForwardStats, QueuedCollection
 from cloud_gateway.remote_write.otlp import OtlpWriter, classify_otlp, encode_otlp_requests
 from cloud_gateway.remote_write.prompb import Series
+from edge_agent.health import WATCHES
 from gpurelay.families import known
 
 T0 = 1_790_000_000_000  # ms
@@ -144,19 +145,6 @@ GPU = (
     ("modelName", "NVIDIA H100 80GB HBM3"),
     ("Hostname", "edge-1"),
     ("DCGM_FI_DRIVER_VERSION", "550.54.15"),
-)
-WATCHES = (
-    "PCIE",
-    "NVLINK",
-    "PMU",
-    "MCU",
-    "MEM",
-    "SM",
-    "INFOROM",
-    "THERMAL",
-    "POWER",
-    "DRIVER",
-    "ALL",
 )
 
 
