@@ -87,7 +87,8 @@ class Agent:
     async def startup(self) -> None:
         self.outbox = self._outbox() if self.cfg.gateway.gateways else None  # first (the lock)
         self.pipeline = build_pipeline(open_backend(self.cfg))
-        self.pipeline.xid.start()
+        if self.pipeline.xid is not None:
+            self.pipeline.xid.start()
         if self.outbox is not None:
             # Before the first collection, so that every collection (the first one after a
             # restart included) carries the tunnel's and the spool's own series.

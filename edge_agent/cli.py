@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N|PROFILE[:N]",
         help="simulated GPUs: N of the default machine (h100-sxm), or a machine profile "
         "(h100-sxm, h100-mig, a100-mig, rtx-4090, r470, h100-nocaps: docs/simulator.md) "
-        "with its own GPU count or N",
+        "with its own GPU count or N, or a Jetson board (jetson-orin, jetson-orin-nano, "
+        "jetson-xavier: docs/jetson.md)",
     )
     common.add_argument("--simulate-seed", type=int, metavar="SEED")
     common.add_argument("--simulate-mig", action="store_true", help="GPU 0 in MIG mode")
@@ -96,14 +97,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def _simulate(sim: SimulateConfig, value: str) -> SimulateConfig:
     """``--simulate``: ``N``, ``PROFILE`` or ``PROFILE:N``."""
+    from edge_agent.sim.jetson import BOARDS
     from edge_agent.sim.profiles import PROFILES  # pynvml: not for --version or a config
 
     name, _, count = value.rpartition(":") if ":" in value else ("", "", value)
     if not count.isdigit():
         name, count = value, ""
-    if name and name not in PROFILES:
-        known = ", ".join(sorted(PROFILES))
-        raise ConfigError(f"--simulate {value}: no machine profile {name!r} (known: {known})")
+    if name and name not in PROFILES and name not in BOARDS:
+        known = ", ".join(sorted([*PROFILES, *BOARDS]))
+        raise ConfigError(
+            f"--simulate {value}: no machine profile or Jetson board {name!r} (known: {known})"
+        )
+    if name in BOARDS and count and int(count) != 1:
+        raise ConfigError(f"--simulate {value}: a Jetson has one integrated GPU")
     if count and int(count) < 1:
         raise ConfigError("--simulate needs at least 1 GPU")
     return dataclasses.replace(sim, gpus=int(count or 0), profile=name or sim.profile)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from edge_agent import __version__
 from edge_agent.collect_alloc import AllocationCollector
-from edge_agent.collect_process import ProcessCollector
 from edge_agent.degraded import Degraded
 from gpurelay.model import Family, GpuInventory, SampleSink, Snapshot
 
@@ -98,6 +97,19 @@ class DeviceSource(Protocol):
     def close(self) -> None: ...
 
 
+class ProcessSource(Protocol):
+    """What the Collector needs of a backend's process collector: NVML's
+    (:class:`~edge_agent.collect_process.ProcessCollector`) or a Jetson's
+    (:class:`~edge_agent.jetson.processes.JetsonProcessCollector`)."""
+
+    errors: Counter[str]  # error -> how often a process list failed
+
+    @property
+    def families(self) -> Sequence[Family]: ...
+
+    def collect(self, sink: SampleSink) -> None: ...
+
+
 class Collector:
     """Owns the collectors and produces a :class:`Snapshot` per cycle."""
 
@@ -108,7 +120,7 @@ class Collector:
         node_label: str = "Hostname",
         backend: str,
         device: DeviceSource,
-        process: ProcessCollector | None,
+        process: ProcessSource | None,
         attribution_errors: Callable[[], dict[str, int]] | None = None,
         process_interval: float = 0.0,
         clock: Callable[[], float] = time.time,

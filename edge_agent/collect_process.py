@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -169,7 +169,7 @@ class ProcessCollector:
     def collect(self, sink: SampleSink) -> None:
         for fam in self.families:
             sink.declare(fam)
-        containers: dict[tuple[Labels, str], _Sums] = {}
+        containers: dict[tuple[Labels, str], ContainerSums] = {}
         self.pod_gpus = {}
         results = self.guard.each(  # in the GPUs' worker, against a deadline
             [(t.dev.uuid, partial(self._read, t)) for t in self._targets], self.deadline_seconds
@@ -185,12 +185,7 @@ class ProcessCollector:
             procs, utils = result
             for proc in procs or ():
                 self._emit(target, proc, utils, sink, containers)
-        for (clabels, _), sums in containers.items():
-            if sums.mem is not None:
-                sink.add("DCGM_CUSTOM_CONTAINER_MEM_USED", clabels, sums.mem)
-            if sums.sm is not None:
-                sink.add("DCGM_CUSTOM_CONTAINER_SM_UTIL", clabels, sums.sm)
-            sink.add("DCGM_CUSTOM_CONTAINER_PROCESSES", clabels, sums.count)
+        add_container_sums(sink, containers)
 
     def _read(self, target: _Target) -> _Read:
         procs = self._processes(target)
@@ -314,28 +309,13 @@ class ProcessCollector:
         proc: _Proc,
         utils: dict[int, Any] | None,
         sink: SampleSink,
-        containers: dict[tuple[Labels, str], _Sums],
+        containers: dict[tuple[Labels, str], ContainerSums],
     ) -> None:
         a = self._attr.attribute(proc.pid)
         dev = target.dev
-        owner: Labels = (
-            ("NodeName", self._node),
-            ("NamespaceName", a.namespace),
-            ("PodName", a.pod_name),
-            ("ContainerName", a.k8s_container),
-            ("container_id", a.container_id),
-            ("container_name", a.container_name),
-            ("gpu", str(dev.index)),
-            ("UUID", dev.uuid),
-            ("GPU_I_ID", target.gpu_instance_id),
-            *(self.pod_metadata(a.namespace, a.pod_name) if a.pod_name else ()),
-        )
-        labels = (
-            *owner,
-            ("ProcessId", str(proc.pid)),
-            ("ProcessName", a.process_name),
-            ("ProcessType", proc.kind),
-        )
+        pod = self.pod_metadata(a.namespace, a.pod_name) if a.pod_name else ()
+        owner = owner_labels(self._node, a, (str(dev.index), dev.uuid, target.gpu_instance_id), pod)
+        labels = process_labels(owner, proc.pid, a, proc.kind)
         mem_mib = None if proc.mem_bytes is None else proc.mem_bytes / MIB
         if mem_mib is not None:
             sink.add("DCGM_CUSTOM_PROCESS_MEM_USED", labels, mem_mib)
@@ -366,12 +346,48 @@ class ProcessCollector:
             return  # host process: no container to sum into
         sums = containers.get((owner, a.container_id))
         if sums is None:
-            sums = containers[(owner, a.container_id)] = _Sums(0.0, 0.0 if sm is not None else None)
+            sums = ContainerSums(0.0, 0.0 if sm is not None else None)
+            containers[(owner, a.container_id)] = sums
         sums.add(mem_mib, sm)
 
 
+def owner_labels(node: str, a: Attribution, gpu: tuple[str, str, str], pod: Labels = ()) -> Labels:
+    """Who a GPU process belongs to, on which GPU (index, UUID, GPU instance): the labels
+    of the per-container sums, and the first of each process's (ACK's names, then the
+    runtime's own container labels)."""
+    index, uuid, gpu_instance_id = gpu
+    return (
+        ("NodeName", node),
+        ("NamespaceName", a.namespace),
+        ("PodName", a.pod_name),
+        ("ContainerName", a.k8s_container),
+        ("container_id", a.container_id),
+        ("container_name", a.container_name),
+        ("gpu", index),
+        ("UUID", uuid),
+        ("GPU_I_ID", gpu_instance_id),
+        *pod,
+    )
+
+
+def process_labels(owner: Labels, pid: int, a: Attribution, kind: str) -> Labels:
+    return (*owner, ("ProcessId", str(pid)), ("ProcessName", a.process_name), ("ProcessType", kind))
+
+
+def add_container_sums(
+    sink: SampleSink, containers: Mapping[tuple[Labels, str], ContainerSums]
+) -> None:
+    """``DCGM_CUSTOM_CONTAINER_*``: each container's sums on each GPU."""
+    for (labels, _), sums in containers.items():
+        if sums.mem is not None:
+            sink.add("DCGM_CUSTOM_CONTAINER_MEM_USED", labels, sums.mem)
+        if sums.sm is not None:
+            sink.add("DCGM_CUSTOM_CONTAINER_SM_UTIL", labels, sums.sm)
+        sink.add("DCGM_CUSTOM_CONTAINER_PROCESSES", labels, sums.count)
+
+
 @dataclass(slots=True)
-class _Sums:
+class ContainerSums:
     """A container's sums on one GPU; None once one of its processes was not measured (a
     sum missing a part is not published)."""
 

@@ -34,12 +34,21 @@ class SimulateConfig:
     seed: int = 0
     mig: bool = False
     # A machine profile (edge_agent.sim.profiles: h100-sxm, h100-mig, a100-mig, rtx-4090,
-    # r470, h100-nocaps): what real NVML answers there, failures included.
+    # r470, h100-nocaps): what real NVML answers there, failures included; or a Jetson
+    # board (edge_agent.sim.jetson: jetson-orin, jetson-orin-nano, jetson-xavier): a fake
+    # L4T tree that the Jetson backend reads.
     profile: str = ""
 
     @property
     def enabled(self) -> bool:
         return self.gpus > 0 or bool(self.profile)
+
+    @property
+    def jetson(self) -> bool:
+        """A Jetson board rather than an NVML machine profile."""
+        from edge_agent.sim.jetson import BOARDS
+
+        return self.profile in BOARDS
 
     processes_per_gpu: int = 4
     # Write a fake /proc and kubelet log tree for the simulated processes, so that
@@ -48,6 +57,23 @@ class SimulateConfig:
     # Serve the fake host's pods through a real pod-resources gRPC server in its directory:
     # "nvidia" (nvidia.com/gpu, MIG, time-slicing replicas) or "gpushare" (aliyun.com/gpu-mem).
     pod_resources: str = ""
+
+
+GPU_BACKENDS = ("auto", "nvml", "jetson")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuConfig:
+    """Where the GPU figures come from (issue 28, docs/jetson.md)."""
+
+    # "nvml": the NVIDIA driver's NVML (data-centre and desktop GPUs); "jetson": the kernel
+    # files of an L4T board (its integrated GPU, which DCGM does not support and NVML
+    # answers little for); "auto": NVML when it lists a GPU that is not an integrated one,
+    # else the Jetson's files when the board has a GPU devfreq node, else NVML's error.
+    backend: str = "auto"
+    # The host's root filesystem, under which the Jetson backend reads sys/, proc/, etc/
+    # and var/: "/" on the host, the host's / mounted read-only (e.g. /host) in a pod.
+    host_root: Path = Path("/")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,6 +274,7 @@ class AgentConfig:
     log_level: str = "info"
     log_format: str = "text"  # or "json": one JSON object per line (gpurelay.logs)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     gateway: TunnelConfig = field(default_factory=TunnelConfig)
@@ -372,12 +399,13 @@ def _validate_kubernetes(k: KubernetesConfig) -> None:
 def _validate_profile(name: str) -> None:
     # imported here: the profiles name pynvml's codes, and loading a config (the installer
     # checks the one it writes) must not need pynvml
+    from edge_agent.sim.jetson import BOARDS
     from edge_agent.sim.profiles import PROFILES
 
-    if name not in PROFILES:
+    if name not in PROFILES and name not in BOARDS:
         raise ConfigError(
-            f"simulate.profile {name!r} is not a machine profile "
-            f"(known: {', '.join(sorted(PROFILES))})"
+            f"simulate.profile {name!r} is not a machine profile or a Jetson board "
+            f"(known: {', '.join(sorted([*PROFILES, *BOARDS]))})"
         )
 
 
@@ -395,6 +423,15 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("simulate.gpus must be between 0 and 64")
     if cfg.simulate.profile:
         _validate_profile(cfg.simulate.profile)
+    if cfg.simulate.jetson and cfg.simulate.gpus > 1:
+        raise ConfigError(
+            f"simulate: a Jetson ({cfg.simulate.profile}) has one integrated GPU, "
+            f"not {cfg.simulate.gpus}"
+        )
+    if cfg.gpu.backend not in GPU_BACKENDS:
+        raise ConfigError(
+            f"gpu.backend must be one of {', '.join(GPU_BACKENDS)}, not {cfg.gpu.backend!r}"
+        )
     _validate_pod_resources(cfg)
     _validate_kubernetes(cfg.kubernetes)
     if cfg.dcgm_naming not in NAMINGS:

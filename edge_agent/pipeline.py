@@ -1,7 +1,9 @@
 """What a collection needs, opened at startup and closed at shutdown: the backend (real
-NVML, or the simulator playing a machine profile, said loudly) and the pipeline built on
-it (GPU enumeration, XID watcher, attribution, the device, process and allocation
+NVML, a Jetson's kernel files, or a simulator of either, said loudly) and the pipeline
+built on it (GPU enumeration, XID watcher, attribution, the device, process and allocation
 collectors, and the deadline guard they share).
+
+``[gpu] backend`` chooses: ``nvml``, ``jetson``, or ``auto`` (:func:`open_backend`).
 """
 
 from __future__ import annotations
@@ -28,14 +30,24 @@ from edge_agent.collect_process import ProcessCollector
 from edge_agent.config import GPU_MEMORY_UNITS_MIB, AgentConfig, resolve_node_name
 from edge_agent.degraded import Degraded
 from edge_agent.errors import ConfigError, NvmlUnavailable
+from edge_agent.jetson.collector import JetsonDeviceCollector
+from edge_agent.jetson.files import JetsonRoots, Missing
+from edge_agent.jetson.gpu import find_gpu
+from edge_agent.jetson.processes import JetsonProcessCollector
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.nvml.guard import GpuGuard
 from edge_agent.sim.profiles import DEFAULT_PROFILE, profile_named
 from edge_agent.xid import XidWatcher
+from gpurelay.naming import DRIVER_LABEL
 
 log = logging.getLogger("edge_agent")
 
+JETSON_BANNER = (
+    "*** SIMULATED JETSON: board {board} ({model}), a fake L4T tree at {root}. These values "
+    "are synthetic, not read from a board; "
+    'gpurelay_agent_info{{backend="simulated-jetson"}} says so. ***'
+)
 SIMULATION_BANNER = (
     "*** SIMULATED GPUs: machine profile {profile} ({summary}), {n} simulated GPU(s), "
     "seed {seed}{mig}. These values are synthetic, not read from hardware; "
@@ -49,39 +61,131 @@ class Pipeline:
 
     node: str
     backend: str
-    lib: NvmlLib
+    lib: NvmlLib | None  # None on a Jetson
     collection: Collector
-    xid: XidWatcher
+    xid: XidWatcher | None  # None on a Jetson (NVML's XID events only)
     attributor: Attributor
     driver_version: str = ""
     scratch: tempfile.TemporaryDirectory[str] | None = None
     on_close: list[Callable[[], None]] = field(default_factory=list)  # last first
 
     def close(self) -> None:
-        self.xid.stop()
+        if self.xid is not None:
+            self.xid.stop()
         self.attributor.close()
         for close in reversed(self.on_close):
             with suppress(Exception):
                 close()
         self.collection.close()
-        with suppress(Exception):
-            self.lib.nvmlShutdown()
+        if self.lib is not None:
+            with suppress(Exception):
+                self.lib.nvmlShutdown()
         if self.scratch is not None:
             self.scratch.cleanup()
 
 
 @dataclass
 class Backend:
-    lib: NvmlLib
-    name: str
+    lib: NvmlLib | None  # None: a Jetson's files (``jetson``)
+    name: str  # nvml, simulated, jetson, simulated-jetson
     cfg: AgentConfig  # with attribution paths pointed at the fake host when simulating
     scratch: tempfile.TemporaryDirectory[str] | None = None
     on_close: list[Callable[[], None]] = field(default_factory=list)  # the simulated kubelet
+    jetson: JetsonRoots | None = None  # where the Jetson's files are read
 
 
 def open_backend(cfg: AgentConfig) -> Backend:
-    if not cfg.simulate.enabled:
+    """The backend ``cfg`` asks for (``[gpu] backend``, ``--simulate``), opened."""
+    if cfg.simulate.enabled and cfg.simulate.jetson:
+        return _simulated_jetson(cfg)
+    if cfg.simulate.enabled:
+        return _simulated_nvml(cfg)
+    roots = JetsonRoots.under(cfg.gpu.host_root)
+    if cfg.gpu.backend == "jetson":
+        gpu = find_gpu(roots.sys_root)
+        if isinstance(gpu, Missing):
+            log.warning("gpu.backend is jetson, but %s: GPU load and clock are left out", gpu)
+        return Backend(None, "jetson", cfg, jetson=roots)
+    if cfg.gpu.backend == "nvml":
         return Backend(open_real(), "nvml", cfg)
+    return _auto(cfg, roots)
+
+
+def _auto(cfg: AgentConfig, roots: JetsonRoots) -> Backend:
+    """NVML, unless this is a Jetson whose NVML lists no GPU but its integrated one (or
+    none): then the Jetson's files, which tell far more (docs/jetson.md)."""
+    gpu = find_gpu(roots.sys_root)
+    if isinstance(gpu, Missing):  # not a Jetson: NVML, or NVML's own error
+        return Backend(open_real(), "nvml", cfg)
+    try:
+        lib = open_real()
+    except NvmlUnavailable as exc:
+        log.info("gpu.backend auto: the Jetson backend (%s; NVML: %s)", gpu.devfreq, exc)
+        return Backend(None, "jetson", cfg, jetson=roots)
+    names = _nvml_names(lib)
+    if names and not all(integrated(n) for n in names):
+        log.info("gpu.backend auto: NVML, which lists %s on this Jetson", ", ".join(names))
+        return Backend(lib, "nvml", cfg)
+    with suppress(Exception):
+        lib.nvmlShutdown()
+    log.info(
+        "gpu.backend auto: the Jetson backend (%s; NVML lists %s)",
+        gpu.devfreq,
+        ", ".join(names) or "no GPU",
+    )
+    return Backend(None, "jetson", cfg, jetson=roots)
+
+
+def integrated(name: str) -> bool:
+    """NVML's name of a Jetson's integrated GPU (JetPack 6 says ``Orin (nvgpu)``)."""
+    return "nvgpu" in name.lower()
+
+
+def _nvml_names(lib: NvmlLib) -> list[str]:
+    try:
+        return [
+            text(lib.nvmlDeviceGetName(lib.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(lib.nvmlDeviceGetCount())
+        ]
+    except Exception as exc:  # an NVML that answers nothing useful: as good as none
+        log.info("gpu.backend auto: NVML cannot list GPUs here (%s)", exc)
+        return []
+
+
+def _simulated_jetson(cfg: AgentConfig) -> Backend:
+    """A fake board's tree (edge_agent.sim.jetson) and a fake host for its nvmap clients."""
+    from edge_agent.sim import host as simhost
+    from edge_agent.sim import jetson as simjetson
+
+    board, seed = cfg.simulate.profile, cfg.simulate.seed
+    scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simjetson-")
+    root = Path(scratch.name)
+    tree = simjetson.build(root, board)
+    if cfg.simulate.fake_host:  # the nvmap clients' /proc/<pid>, in the board's /proc
+        pids = simjetson.client_pids(board)
+        host = simhost.build(root, pids, seed)
+        cfg = dataclasses.replace(
+            cfg, attribution=simhost.attribution_config(host, cfg.attribution)
+        )
+    banner = JETSON_BANNER.format(board=board, model=simjetson.BOARDS[board].model, root=root)
+    _say(cfg, banner)
+    return Backend(
+        None,
+        "simulated-jetson",
+        cfg,
+        scratch,
+        jetson=JetsonRoots(tree.sys_root, tree.proc_root, tree.etc_root, tree.var_root),
+    )
+
+
+def _say(cfg: AgentConfig, banner: str) -> None:
+    if cfg.log_format == "json":  # every line of stderr is then a JSON object
+        log.warning("%s", banner)
+    else:
+        print(banner, file=sys.stderr, flush=True)
+
+
+def _simulated_nvml(cfg: AgentConfig) -> Backend:
     from edge_agent.sim import host as simhost
     from edge_agent.sim.nvml import SimulatedNvml
 
@@ -115,10 +219,7 @@ def open_backend(cfg: AgentConfig) -> Backend:
     banner = SIMULATION_BANNER.format(
         profile=machine.name, summary=machine.summary, n=gpus, seed=sim_cfg.seed, mig=mig
     )
-    if cfg.log_format == "json":  # every line of stderr is then a JSON object
-        log.warning("%s", banner)
-    else:
-        print(banner, file=sys.stderr, flush=True)
+    _say(cfg, banner)
     if scratch is not None:
         log.info("simulated processes live in a fake host tree at %s", scratch.name)
     return Backend(sim, "simulated", cfg, scratch, [stop_kubelet] if stop_kubelet else [])
@@ -130,7 +231,10 @@ def build_pipeline(
     clock: Callable[[], float] = time.time,
     timer: Callable[[], float] = time.perf_counter,
 ) -> Pipeline:
+    if backend_.jetson is not None:
+        return _jetson_pipeline(backend_, backend_.jetson, clock=clock, timer=timer)
     cfg, lib, backend = backend_.cfg, backend_.lib, backend_.name
+    assert lib is not None
     node = resolve_node_name(cfg.node_name, os.environ)
     counters = load_counters(cfg.counters_file, cfg.dcgm_naming)  # type: ignore[arg-type]
     try:
@@ -144,15 +248,7 @@ def build_pipeline(
     guard = GpuGuard()  # its worker thread: a hung NVML call stalls that GPU, not the cycle
     deadline = min(cfg.nvml_deadline_seconds, cfg.interval_seconds)
     xid = XidWatcher(lib, devices)
-    a = cfg.attribution
-    attributor = Attributor(
-        proc_root=a.proc_root,
-        container_log_dir=a.container_log_dir,
-        pod_log_dir=a.pod_log_dir,
-        runtime_sockets=a.runtime_sockets,
-        cache_ttl=a.cache_ttl_seconds,
-        api_timeout=a.api_timeout_seconds,
-    )
+    attributor = _attributor(cfg)
     device = DeviceCollector(
         lib,
         devices,
@@ -213,6 +309,80 @@ def build_pipeline(
     ]
     return Pipeline(
         node, backend, lib, collection, xid, attributor, driver, backend_.scratch, on_close
+    )
+
+
+def _attributor(cfg: AgentConfig) -> Attributor:
+    a = cfg.attribution
+    return Attributor(
+        proc_root=a.proc_root,
+        container_log_dir=a.container_log_dir,
+        pod_log_dir=a.pod_log_dir,
+        runtime_sockets=a.runtime_sockets,
+        cache_ttl=a.cache_ttl_seconds,
+        api_timeout=a.api_timeout_seconds,
+    )
+
+
+def _jetson_pipeline(
+    backend_: Backend,
+    roots: JetsonRoots,
+    *,
+    clock: Callable[[], float],
+    timer: Callable[[], float],
+) -> Pipeline:
+    """A Jetson's: its device and process collectors on the board's files (no NVML, no XID
+    watcher, no pod-resources allocation: docs/jetson.md)."""
+    cfg = backend_.cfg
+    node = resolve_node_name(cfg.node_name, os.environ)
+    if cfg.counters_file is not None:
+        log.warning(
+            "counters_file %s is not used on a Jetson: its series are fixed (docs/jetson.md)",
+            cfg.counters_file,
+        )
+    device = JetsonDeviceCollector(
+        sys_root=roots.sys_root,
+        proc_root=roots.proc_root,
+        etc_root=roots.etc_root,
+        var_root=roots.var_root,
+        node=node,
+        node_label=cfg.node_label,
+        driver_label=DRIVER_LABEL[cfg.dcgm_naming],
+    )
+    attributor = _attributor(cfg)
+    process = JetsonProcessCollector(
+        roots.sys_root, attributor, node=node, uuid=device.uuid, degraded=device.degraded
+    )
+    metadata = _pod_metadata(cfg, node)
+    if metadata is not None:
+        process.pod_metadata = metadata.labels
+    collection = Collector(
+        node=node,
+        node_label=cfg.node_label,
+        backend=backend_.name,
+        device=device,
+        process=process,
+        attribution_errors=lambda: dict(attributor.errors()),
+        process_interval=cfg.process_interval_seconds,
+        clock=clock,
+        timer=timer,
+    )
+    b = device.board
+    log.info(
+        "node %s: %s (%s, L4T %s, JetPack %s) via %s, GPU %s",
+        node,
+        b.module_name or "an unknown board",
+        b.soc or "unknown SoC",
+        b.l4t or "unknown",
+        b.jetpack or "unknown",
+        backend_.name,
+        device.gpu_path,
+    )
+    for missing in b.missing:
+        log.warning("Jetson board: %s", missing)
+    on_close = [*backend_.on_close, *([metadata.stop] if metadata is not None else [])]
+    return Pipeline(
+        node, backend_.name, None, collection, None, attributor, b.l4t, backend_.scratch, on_close
     )
 
 

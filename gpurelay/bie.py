@@ -36,7 +36,8 @@ def _fraction(used: float, total: float) -> float:
 
 
 def node_summary(gpus: Iterable[GpuInventory]) -> BieNode:
-    gpus = [g for g in gpus if g.healthy]
+    # a GPU lost, or whose memory is not known (total 0: a Jetson without nvmap's figures)
+    gpus = [g for g in gpus if g.healthy and g.memory_total_bytes > 0]
     devices: list[BieDevice] = [
         {
             "usedMemory": g.memory_used_bytes,

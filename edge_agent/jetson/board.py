@@ -11,6 +11,11 @@ Sources (docs/jetson.md):
 - ``/proc/device-tree/serial-number``: the module's serial number, NUL-terminated;
 - ``/etc/nv_tegra_release``: ``# R35 (release), REVISION: 4.1, GCID: ..., BOARD: ...``, the
   L4T release 35.4.1 (R32.5 wrote ``REVISION: 5``: release 32.5).
+- the nvpmodel power mode: ``/var/lib/nvpmodel/status`` (``pmode:0002 fmode:...``, what
+  ``nvpmodel -m`` last set and keeps across boots), else ``< PM_CONFIG DEFAULT=2 >`` of
+  ``/etc/nvpmodel.conf`` (the boot default, when no mode was ever set); the mode's name
+  from that file's ``< POWER_MODEL ID=2 NAME=15W >``. ``nvpmodel -q`` prints the same
+  two, but needs root on some releases and a binary in the container.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ SOCS: dict[str, str] = {
     "tegra186": "TX2",
     "tegra210": "TX1/Nano",
 }
+_PMODE = re.compile(r"pmode:0*(\d+)")
+_DEFAULT_MODE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)\s*>")
+_MODE_NAME = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
 _RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 _MODULE = re.compile(r"\+(p\d{4}-\d{4})")
 
@@ -132,3 +140,27 @@ def read_board(proc_root: Path, etc_root: Path) -> Board:
         missing.append(serial)
         serial = ""
     return Board(model, soc, module, l4t, tuple(missing), serial)
+
+
+@dataclass(frozen=True, slots=True)
+class PowerMode:
+    id: str  # "0"
+    name: str  # "MAXN" ("" where nvpmodel.conf does not name it)
+    source: str  # "status" (set by nvpmodel -m) or "default" (nvpmodel.conf's boot default)
+
+
+def read_power_mode(etc_root: Path, var_root: Path) -> PowerMode | Missing:
+    """The nvpmodel mode in force and its name, or why not known."""
+    conf_path = etc_root / "nvpmodel.conf"
+    conf = read_text(conf_path, first_line=False)
+    names = {} if isinstance(conf, Missing) else dict(_MODE_NAME.findall(conf))
+    status = read_text(var_root / "lib" / "nvpmodel" / "status")
+    if not isinstance(status, Missing) and (m := _PMODE.search(status)):
+        mode, source = str(int(m.group(1))), "status"
+    elif isinstance(conf, Missing):
+        return conf if isinstance(status, Missing) else Missing(conf_path, conf.reason)
+    elif m := _DEFAULT_MODE.search(conf):
+        mode, source = m.group(1), "default"
+    else:
+        return Missing(conf_path, "no PM_CONFIG DEFAULT line, and no nvpmodel status")
+    return PowerMode(mode, names.get(mode, ""), source)

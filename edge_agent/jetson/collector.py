@@ -8,12 +8,17 @@ Under DCGM's names, where the meaning is the same (docs/jetson.md):
 - ``DCGM_FI_DEV_GPU_TEMP`` (°C): the ``gpu`` thermal zone;
 - ``DCGM_FI_DEV_FB_USED``, ``_FREE``, ``_TOTAL`` (MiB, rounded down as DCGM does): the
   GPU has no framebuffer of its own, so these are nvmap's memory in use
-  (``NvMapMemUsed``), ``MemAvailable`` and ``MemTotal``.
+  (``NvMapMemUsed``), ``MemAvailable`` and ``MemTotal``; ``_RESERVED`` is what the GPU
+  cannot have now, held by the CPU's processes and the kernel: total - used - free, in
+  MiB, so that used + free + reserved = total as on a discrete GPU (the dashboards and
+  the adapter's memory ratio add them up).
 
 What has no DCGM field, as ``gpurelay_jetson_*``: the memory controller's clock and busy
 share, every thermal zone, every power rail (V, A, W), and the board (model, module, SoC,
-L4T release, JetPack). ``DCGM_FI_DEV_POWER_USAGE`` is left out: no rail measures the
-GPU alone (AGX Orin's ``VDD_GPU_SOC`` includes the SoC).
+L4T release, JetPack) and its nvpmodel power mode. ``DCGM_FI_DEV_POWER_USAGE`` (W) only
+where a rail measures the GPU alone (Xavier's ``GPU``, TX2's ``VDD_SYS_GPU``); Orin has
+none (AGX Orin's ``VDD_GPU_SOC`` includes the SoC, Orin Nano/NX's ``VDD_CPU_GPU_CV`` the
+CPU and the vision engines), so it is left out there rather than over-stated.
 
 The GPU's labels are NVML's: ``gpu`` 0, ``UUID`` derived from the module's serial number
 (``GPU-`` + a UUID 5 of it; of the node name where the device tree has none: the kernel
@@ -23,16 +28,17 @@ the driver label the L4T release.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Final
 
 from edge_agent.degraded import Degraded
-from edge_agent.jetson.board import Board, read_board
+from edge_agent.jetson.board import Board, PowerMode, read_board, read_power_mode
 from edge_agent.jetson.files import Missing
 from edge_agent.jetson.gpu import GpuNode, find_gpu, read_emc, read_gpu
-from edge_agent.jetson.memory import read_memory
+from edge_agent.jetson.memory import read_memory, read_nvmap_total
 from edge_agent.jetson.rails import read_rails
 from edge_agent.jetson.thermal import read_zones
 from gpurelay.families import known
@@ -40,7 +46,9 @@ from gpurelay.model import MIB, Family, GpuInventory, Labels, SampleSink
 
 UTIL, CLOCK, TEMP = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP"
 FB_USED, FB_FREE, FB_TOTAL = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_TOTAL"
-BOARD = "gpurelay_jetson_board_info"
+FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+POWER = "DCGM_FI_DEV_POWER_USAGE"
+BOARD, MODE = "gpurelay_jetson_board_info", "gpurelay_jetson_power_mode_info"
 EMC_CLOCK, EMC_UTIL = "gpurelay_jetson_emc_clock_hertz", "gpurelay_jetson_emc_utilization_ratio"
 ZONE = "gpurelay_jetson_temperature_celsius"
 VOLTS, AMPS, WATTS = (
@@ -56,7 +64,12 @@ def _family(name: str) -> Family:
     return family
 
 
-NAMES: Final = (UTIL, CLOCK, TEMP, FB_USED, FB_FREE, FB_TOTAL, BOARD, EMC_CLOCK, EMC_UTIL)
+NAMES: Final = (
+    *(UTIL, CLOCK, TEMP, POWER, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL),
+    *(BOARD, MODE, EMC_CLOCK, EMC_UTIL),
+)
+# The rails that measure the GPU alone, by board (rbonghi/jetson_stats, docs/jetson.md)
+GPU_RAILS: Final = frozenset({"GPU", "VDD_GPU", "VDD_SYS_GPU"})
 NAMES_OF_SEVERAL: Final = (ZONE, VOLTS, AMPS, WATTS)  # one series per zone or rail
 FAMILIES: Final[tuple[Family, ...]] = tuple(_family(n) for n in (*NAMES, *NAMES_OF_SEVERAL))
 _UUID_NAMESPACE: Final = uuid.UUID("9c1ae1c2-6f1c-5b4a-9a3e-6a65747369ff")  # ours, fixed
@@ -67,6 +80,22 @@ def gpu_uuid(board: Board, node: str) -> str:
     the node where the device tree has no serial."""
     key = f"serial:{board.serial}" if board.serial else f"node:{node}"
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, key)}"
+
+
+class _Pass:
+    """One pass's samples, and why each family left out was left out."""
+
+    def __init__(self, sink: SampleSink, labels: Labels) -> None:
+        self.sink, self.labels = sink, labels
+        self.published: set[str] = set()
+        self.why: dict[str, str] = {}
+
+    def add(self, name: str, value: float | None, extra: Labels = (), reason: str = "") -> None:
+        if value is None:
+            self.why.setdefault(name, reason or "not readable on this board")
+            return
+        self.sink.add(name, (*self.labels, *extra), float(value))
+        self.published.add(name)
 
 
 class JetsonDeviceCollector:
@@ -80,16 +109,18 @@ class JetsonDeviceCollector:
         sys_root: Path,
         proc_root: Path,
         etc_root: Path,
+        var_root: Path | None = None,  # default: etc_root's sibling var/
         node: str,
         node_label: str = "Hostname",
         driver_label: str = "DCGM_FI_DRIVER_VERSION",
     ) -> None:
-        self._sys, self._proc = sys_root, proc_root
+        self._sys, self._proc, self._etc = sys_root, proc_root, etc_root
+        self._var = var_root if var_root is not None else etc_root.parent / "var"
         self.degraded = Degraded()
         self.errors: Counter[tuple[str, str]] = Counter()
         self.board = read_board(proc_root, etc_root)
         self._gpu: GpuNode | Missing = find_gpu(sys_root)
-        self._uuid = gpu_uuid(self.board, node)
+        self.uuid = self._uuid = gpu_uuid(self.board, node)
         self._labels: Labels = (
             ("gpu", "0"),
             ("UUID", self._uuid),
@@ -104,70 +135,103 @@ class JetsonDeviceCollector:
     def collect(self, sink: SampleSink) -> list[GpuInventory]:
         for family in FAMILIES:
             sink.declare(family)
-        published: set[str] = set()
-        why: dict[str, str] = {}
-
-        def add(name: str, value: float | None, extra: Labels = (), reason: str = "") -> None:
-            if value is None:
-                why.setdefault(name, reason or "not readable on this board")
-                return
-            sink.add(name, (*self._labels, *extra), float(value))
-            published.add(name)
-
-        b = self.board
-        info = (("model", b.model), ("module", b.module), ("soc", b.soc))
-        add(BOARD, 1.0, (*info, ("l4t", b.l4t), ("jetpack", b.jetpack)))
-        healthy = not isinstance(self._gpu, Missing)
-        if isinstance(self._gpu, Missing):
-            for name in (UTIL, CLOCK):
-                add(name, None, reason=f"no GPU devfreq node ({self._gpu})")
-        else:
-            g = read_gpu(self._gpu)
-            first = str(g.missing[0]) if g.missing else ""
-            per_mille = g.load_per_mille
-            add(UTIL, None if per_mille is None else per_mille / 10, reason=first)
-            hz = g.frequency_hz
-            add(CLOCK, None if hz is None else hz / 1_000_000, reason=first)
+        p = _Pass(sink, self._labels)
+        self._board(p)
+        healthy = self._gpu_series(p)
         zones = read_zones(self._sys)
         gpu_zone = zones.by_kind("gpu")
-        add(TEMP, None if gpu_zone is None else gpu_zone.celsius, reason="no online gpu zone")
+        p.add(TEMP, None if gpu_zone is None else gpu_zone.celsius, reason="no online gpu zone")
         for z in zones.zones:
-            add(ZONE, z.celsius, (("zone", z.type),), reason="every zone offline")
+            p.add(ZONE, z.celsius, (("zone", z.type),), reason="every zone offline")
         mem = read_memory(self._proc)
         reason = str(mem.missing[0]) if mem.missing else ""
-        for name, value in (
-            (FB_USED, mem.gpu_bytes),
-            (FB_FREE, mem.available_bytes),
-            (FB_TOTAL, mem.total_bytes),
-        ):
-            add(name, None if value is None else value // MIB, reason=reason)
+        if mem.gpu_bytes is None:  # an older kernel: nvmap's own total, where readable
+            nvmap = read_nvmap_total(self._sys)
+            if isinstance(nvmap, Missing):
+                reason = f"{reason}; {nvmap}"
+            else:
+                mem = dataclasses.replace(mem, gpu_bytes=nvmap)
+        mib = {
+            name: None if value is None else value // MIB
+            for name, value in (
+                (FB_USED, mem.gpu_bytes),
+                (FB_FREE, mem.available_bytes),
+                (FB_TOTAL, mem.total_bytes),
+            )
+        }
+        used, free, total = mib[FB_USED], mib[FB_FREE], mib[FB_TOTAL]
+        if used is not None and free is not None and total is not None:
+            mib[FB_RESERVED] = max(total - used - free, 0)
+        for name in (FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL):
+            p.add(name, mib.get(name), reason=reason)
         emc = read_emc(self._sys)
         reason = "; ".join(m.reason for m in emc.missing)
-        add(EMC_CLOCK, emc.frequency_hz, reason=reason)
-        add(EMC_UTIL, emc.load, reason=reason)
-        rails = read_rails(self._sys)
-        reason = str(rails.missing[0]) if rails.missing else "no INA3221 or INA238 monitor"
-        for r in rails.rails:
-            own = (("rail", r.name),)
-            add(VOLTS, None if r.millivolts is None else r.millivolts / 1000, own, reason)
-            add(AMPS, None if r.milliamps is None else r.milliamps / 1000, own, reason)
-            add(WATTS, None if r.milliwatts is None else r.milliwatts / 1000, own, reason)
-        if not rails.rails:
-            for name in (VOLTS, AMPS, WATTS):
-                add(name, None, reason=reason)
-        self._unsupported = {n: r for n, r in why.items() if n not in published}
+        p.add(EMC_CLOCK, emc.frequency_hz, reason=reason)
+        p.add(EMC_UTIL, emc.load, reason=reason)
+        self._rails(p)
+        self._unsupported = {n: r for n, r in p.why.items() if n not in p.published}
         return [
             GpuInventory(
                 index=0,
                 uuid=self._uuid,
-                name=b.module_name,
+                name=self.board.module_name,
                 pci_bus_id="",
                 minor=0,
-                memory_total_bytes=mem.total_bytes or 0,
+                # both 0 where the GPU's memory in use is not known: BIE then leaves
+                # the GPU out rather than report 0 used
+                memory_total_bytes=(mem.total_bytes or 0) if mem.gpu_bytes is not None else 0,
                 memory_used_bytes=mem.gpu_bytes or 0,
                 healthy=healthy,
             )
         ]
+
+    def _board(self, p: _Pass) -> None:
+        b = self.board
+        info = (("model", b.model), ("module", b.module), ("soc", b.soc))
+        p.add(BOARD, 1.0, (*info, ("l4t", b.l4t), ("jetpack", b.jetpack)))
+        mode = read_power_mode(self._etc, self._var)
+        if isinstance(mode, PowerMode):
+            p.add(MODE, 1.0, (("mode_id", mode.id), ("mode", mode.name), ("source", mode.source)))
+        else:
+            p.add(MODE, None, reason=str(mode))
+
+    def _gpu_series(self, p: _Pass) -> bool:
+        """GPU load and clock; False when the GPU's devfreq node is not there."""
+        if isinstance(self._gpu, Missing):  # a driver loaded late (nvgpu is a module on r36)
+            self._gpu = find_gpu(self._sys)
+        if isinstance(self._gpu, Missing):
+            for name in (UTIL, CLOCK):
+                p.add(name, None, reason=f"no GPU devfreq node ({self._gpu})")
+            return False
+        g = read_gpu(self._gpu)
+        first = str(g.missing[0]) if g.missing else ""
+        per_mille = g.load_per_mille
+        p.add(UTIL, None if per_mille is None else per_mille / 10, reason=first)
+        hz = g.frequency_hz
+        p.add(CLOCK, None if hz is None else hz / 1_000_000, reason=first)
+        return True
+
+    def _rails(self, p: _Pass) -> None:
+        rails = read_rails(self._sys)
+        reason = str(rails.missing[0]) if rails.missing else "no INA3221 or INA238 monitor"
+        for r in rails.rails:
+            own = (("rail", r.name),)
+            p.add(VOLTS, None if r.millivolts is None else r.millivolts / 1000, own, reason)
+            p.add(AMPS, None if r.milliamps is None else r.milliamps / 1000, own, reason)
+            p.add(WATTS, None if r.microwatts is None else r.microwatts / 1_000_000, own, reason)
+        if not rails.rails:
+            for name in (VOLTS, AMPS, WATTS):
+                p.add(name, None, reason=reason)
+        gpu_rail = next((r for r in rails.rails if r.name in GPU_RAILS), None)
+        if gpu_rail is None or gpu_rail.microwatts is None:
+            p.add(POWER, None, reason="no rail measures the GPU alone on this board")
+        else:
+            p.add(POWER, gpu_rail.microwatts / 1_000_000)
+
+    @property
+    def gpu_path(self) -> str:
+        """The GPU's devfreq node, or why there is none (for the start-up log)."""
+        return str(self._gpu.devfreq if isinstance(self._gpu, GpuNode) else self._gpu)
 
     def report_unsupported(self) -> dict[str, str]:
         return dict(self._unsupported)

@@ -14,6 +14,21 @@ from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
+class JetsonRoots:
+    """Where a Jetson's files are read: the host's, or a fixture's (tests, --simulate)."""
+
+    sys_root: Path
+    proc_root: Path
+    etc_root: Path
+    var_root: Path
+
+    @classmethod
+    def under(cls, host_root: Path) -> JetsonRoots:
+        """``host_root``'s sys/, proc/, etc/ and var/ (``/`` on the host)."""
+        return cls(host_root / "sys", host_root / "proc", host_root / "etc", host_root / "var")
+
+
+@dataclass(frozen=True, slots=True)
 class Missing:
     """A file the reader wanted and could not use, and why."""
 

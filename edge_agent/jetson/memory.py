@@ -5,7 +5,8 @@ What the agent publishes for it (docs/jetson.md says so to users):
 - **total**: ``MemTotal`` of ``/proc/meminfo``, the RAM the GPU can allocate from;
 - **used by the GPU**: ``NvMapMemUsed`` (kB), the memory nvmap, the Tegra allocator that
   CUDA and the multimedia engines allocate through, holds now; NVIDIA's CUDA for Tegra
-  application note names this field for "device memory in use";
+  application note names this field for "device memory in use", or the ``total`` of
+  nvmap's clients (below) where the kernel has no such line (as jetson_stats does);
 - **free**: ``MemAvailable``.
 
 Per process: nvmap's debugfs (``/sys/kernel/debug/nvmap/iovmm/clients``, root only)
@@ -58,10 +59,27 @@ def read_memory(proc_root: Path) -> SharedMemory:
     )
 
 
+def read_nvmap_total(sys_root: Path) -> int | Missing:
+    """The ``total`` line of nvmap's clients (bytes): the GPU's memory in use where the
+    kernel has no ``NvMapMemUsed`` (NVIDIA's CUDA for Tegra note names both)."""
+    path = _clients(sys_root)
+    text = read_text(path, first_line=False)
+    if isinstance(text, Missing):
+        return text
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "total" and words[1].endswith("K"):
+            return int(words[1][:-1]) * 1024
+    return Missing(path, "no total line")
+
+
+def _clients(sys_root: Path) -> Path:
+    return sys_root / "kernel" / "debug" / "nvmap" / "iovmm" / "clients"
+
+
 def read_nvmap_clients(sys_root: Path) -> dict[int, int] | Missing:
     """pid -> bytes of nvmap memory it holds (its clients summed), or why not known."""
-    path = sys_root / "kernel" / "debug" / "nvmap" / "iovmm" / "clients"
-    text = read_text(path, first_line=False)
+    text = read_text(_clients(sys_root), first_line=False)
     if isinstance(text, Missing):
         return text
     out: dict[int, int] = {}

@@ -31,7 +31,7 @@ class Rail:
     name: str
     millivolts: int | None
     milliamps: int | None
-    milliwatts: float | None
+    microwatts: int | None  # mV x mA exactly, or the monitor's own figure
 
     @property
     def is_input(self) -> bool:
@@ -85,10 +85,9 @@ def _hwmon_rails(hwmon: Path, chip: str, rails: list[Rail], missing: list[Missin
         ma = read_value(hwmon / f"curr{channel}_input", missing)
         if chip.startswith("ina238"):
             uw = read_value(hwmon / f"power{channel}_input", missing)
-            mw = None if uw is None else uw / 1000
         else:
-            mw = None if mv is None or ma is None else mv * ma / 1000
-        rails.append(Rail(label, mv, ma, mw))
+            uw = None if mv is None or ma is None else mv * ma
+        rails.append(Rail(label, mv, ma, uw))
 
 
 def _iio_rails(iio: Path, rails: list[Rail], missing: list[Missing]) -> None:
@@ -101,4 +100,4 @@ def _iio_rails(iio: Path, rails: list[Rail], missing: list[Missing]) -> None:
         mv = read_value(iio / f"in_voltage{channel}_input", missing)
         ma = read_value(iio / f"in_current{channel}_input", missing)
         mw = read_value(iio / f"in_power{channel}_input", missing)
-        rails.append(Rail(label, mv, ma, None if mw is None else float(mw)))
+        rails.append(Rail(label, mv, ma, None if mw is None else mw * 1000))

@@ -13,6 +13,8 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_agent.jetson.files import JetsonRoots
+
 MIB_KB = 1024  # kB per MiB, as /proc/meminfo counts
 
 
@@ -37,6 +39,11 @@ class BoardSpec:
     emc_hz: int = 0
     emc_mc_all: int | None = None
     emc_actmon: str = "actmon_avg_activity"  # r35; r36: debug/cactmon
+    # nvpmodel.conf's modes (id, name) and boot default; the mode nvpmodel -m last set
+    # (/var/lib/nvpmodel/status), None where it was never run (the default is in force)
+    power_modes: tuple[tuple[int, str], ...] = ()
+    default_mode: int = 0
+    pmode: int | None = None
 
 
 BOARDS: dict[str, BoardSpec] = {
@@ -90,6 +97,9 @@ BOARDS: dict[str, BoardSpec] = {
         ),
         emc_hz=3_199_000_000,
         emc_mc_all=63_980_000,  # 20 % of 3199 MHz, as tegrastats computes it
+        power_modes=((0, "MAXN"), (1, "MODE_15W"), (2, "MODE_30W"), (3, "MODE_50W")),
+        default_mode=2,
+        pmode=0,
     ),
     # Orin Nano 8GB developer kit, JetPack 6.2: lower-case zones, VDD_IN on the monitor
     "jetson-orin-nano": BoardSpec(
@@ -125,6 +135,8 @@ BOARDS: dict[str, BoardSpec] = {
         emc_hz=2_133_000_000,
         emc_mc_all=74_655_000,  # 35 %
         emc_actmon="debug/cactmon",
+        power_modes=((0, "15W"), (1, "25W"), (2, "MAXN_SUPER"), (3, "7W")),
+        default_mode=0,
     ),
     # AGX Xavier 32GB, JetPack 4.6.4: the r32 iio driver, upper-case zones with PMIC-Die
     "jetson-xavier": BoardSpec(
@@ -137,7 +149,7 @@ BOARDS: dict[str, BoardSpec] = {
         gpu_devfreq="17000000.gv11b",
         gpu_of_node="gv11b",
         gpu_hz=(1_377_000_000, 114_750_000, 1_377_000_000),
-        gpu_load_per_mille=0,
+        gpu_load_per_mille=118,
         zones=(
             ("AO-therm", 37_000),
             ("CPU-therm", 39_500),
@@ -151,7 +163,7 @@ BOARDS: dict[str, BoardSpec] = {
                 "1-0040",
                 "ina3221x",
                 True,
-                (("GPU", 19_024, 0), ("CPU", 19_032, 128), ("SOC", 19_032, 96)),
+                (("GPU", 19_024, 152), ("CPU", 19_032, 128), ("SOC", 19_032, 96)),
             ),
             (
                 "1-0041",
@@ -162,18 +174,27 @@ BOARDS: dict[str, BoardSpec] = {
         ),
         mem_total_kb=32_538_116,
         mem_available_kb=30_977_900,
-        nvmap_used_kb=None,
+        nvmap_used_kb=None,  # r32: the GPU's memory is nvmap's clients' total
+        nvmap_clients=(
+            ("user", "detectnet", 2876, 412_672),
+            ("user", "gst-launch-1.0", 2911, 96_256),
+            ("kernel", "kernel", 0, 3_072),
+        ),
         emc_hz=2_133_000_000,
         emc_mc_all=2_133_000,  # 1 %
+        power_modes=((0, "MAXN"), (1, "MODE_10W"), (2, "MODE_15W"), (3, "MODE_30W_ALL")),
+        default_mode=2,
+        pmode=3,
     ),
 }
 
 
-@dataclass(frozen=True, slots=True)
-class JetsonTree:
-    sys_root: Path
-    proc_root: Path
-    etc_root: Path
+JetsonTree = JetsonRoots  # what build() writes
+
+
+def client_pids(board: str) -> tuple[int, ...]:
+    """The PIDs of the board's nvmap clients (not the kernel's, pid 0)."""
+    return tuple(pid for _, _, pid, _ in BOARDS[board].nvmap_clients if pid)
 
 
 def _write(path: Path, text: str) -> None:
@@ -185,6 +206,7 @@ def build(root: Path, board: str) -> JetsonTree:
     """The tree of ``board`` (a key of :data:`BOARDS`) under ``root``."""
     spec = BOARDS[board]
     sys_root, proc_root, etc_root = root / "sys", root / "proc", root / "etc"
+    var_root = root / "var"
     _write(root / "README", f"SIMULATED {board}: a fake L4T sysfs/procfs tree, not a board.\n")
     dt = proc_root / "device-tree"
     _write(dt / "model", spec.model + "\x00")
@@ -237,7 +259,20 @@ def build(root: Path, board: str) -> JetsonTree:
         )
     if spec.emc_mc_all is not None:
         _write(sys_root / "kernel" / spec.emc_actmon / "mc_all", f"{spec.emc_mc_all}\n")
-    return JetsonTree(sys_root, proc_root, etc_root)
+    if spec.power_modes:
+        modes = [
+            f"< POWER_MODEL ID={i} NAME={name} >\nCPU_ONLINE CORE_0 1\n"
+            for i, name in spec.power_modes
+        ]
+        _write(
+            etc_root / "nvpmodel.conf",
+            "< PARAM TYPE=FILE NAME=CPU_ONLINE >\n\n"
+            + "\n".join(modes)
+            + f"\n< PM_CONFIG DEFAULT={spec.default_mode} >\n",
+        )
+    if spec.pmode is not None:
+        _write(var_root / "lib" / "nvpmodel" / "status", f"pmode:{spec.pmode:04d} fmode:quiet\n")
+    return JetsonRoots(sys_root, proc_root, etc_root, var_root)
 
 
 def _monitors(sys_root: Path, spec: BoardSpec) -> None:

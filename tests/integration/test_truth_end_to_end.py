@@ -1,7 +1,9 @@
 """Truth end to end (issue 23): every figure a user reads is what NVML said.
 
 One test per machine profile of the simulator (:data:`edge_agent.sim.profiles.PROFILES`),
-and two more whose agents publish dcgm-exporter 4.9's names and units (docs/migration.md).
+two more whose agents publish dcgm-exporter 4.9's names and units (docs/migration.md),
+and one per simulated Jetson board, whose source is its kernel's files
+(:mod:`tests.integration.truth_jetson`; its ``gpurelay_jetson_*`` series too).
 All profiles run at once as nodes of one real gateway, scraped by one real Prometheus with
 the shipped ``prometheus.yml`` (:mod:`tests.integration.truth_fleet`); the source values
 are the simulator's own answers (:mod:`tests.integration.truth_source`). Each test
@@ -100,6 +102,8 @@ async def test_every_figure_is_what_nvml_said(fleet: Fleet, profile: str) -> Non
         )
         samples = [(s["metric"]["__name__"], s["metric"], float(s["value"][1])) for s in stored]
         check_series(found, f"Prometheus job {job}", samples, member.known)
+    if member.known.extra:  # a Jetson's gpurelay_jetson_* series
+        await check_extra(found, fleet, member, agent_metrics, gateway_metrics)
     everyone = [m.known for m in fleet.members.values()]
     await check_adapter_rules(found, fleet, member.known, everyone)
     await check_dashboards(found, fleet, Context(member.known, containers))
@@ -200,6 +204,40 @@ def check_series(found: Findings, where: str, samples: Iterable[Sample], t: Node
             sm = sum(p.util["SM"] for p in procs if p.util is not None)
             want[(f"{CONTAINER}SM_UTIL", gpu, gi, cid)] = sm
     found.compare(where, got, want)
+
+
+async def check_extra(
+    found: Findings,
+    fleet: Fleet,
+    member: Member,
+    agent_metrics: list[Sample],
+    gateway_metrics: list[Sample],
+) -> None:
+    """The node's other series (a Jetson's zones, rails, EMC), at every hop."""
+    t = member.known
+    prefixes = {name.rsplit("_", 1)[0] for name, _ in t.extra}
+    stored: dict[str, list[Sample]] = {}
+    for job in JOBS:
+        answer = await fleet.prometheus.at(
+            f'{{__name__=~"gpurelay_jetson_.+", job="{job}", Hostname="{t.node}"}}', fleet.when
+        )
+        stored[f"Prometheus job {job}"] = [
+            (s["metric"]["__name__"], s["metric"], float(s["value"][1])) for s in answer
+        ]
+    for where, samples in (
+        ("agent /metrics", agent_metrics),
+        ("gateway /metrics", gateway_metrics),
+        *stored.items(),
+    ):
+        got: dict[Any, float] = {}
+        for name, labels, value in samples:
+            if labels.get("Hostname") != t.node or not name.startswith(tuple(prefixes)):
+                continue
+            if labels.get("UUID") != t.whole()[0].uuid:
+                found.add(where, f"{name}{labels}: not the board's GPU")
+            own = tuple((k, labels[k]) for k in ("zone", "rail") if k in labels)
+            got[(name, own)] = value
+        found.compare(where, got, t.extra)
 
 
 # dcgm-exporter's fields of several series per GPU, and the labels that tell them apart
@@ -312,10 +350,11 @@ def processes_of(
 
 def memory_ratio(procs: list[tuple[NodeTruth, Process]]) -> float | None:
     """Memory the processes use / total memory of the GPUs or GPU instances they run
-    on, each counted once."""
+    on, each counted once, in whole MiB as DCGM's FB fields give it (a GPU's total is
+    whole MiB; a Jetson's MemTotal is not)."""
     used = [p.mem_mib for _, p in procs if p.mem_mib is not None]
     devices = {(n.node, p.gpu, p.gpu_instance): n for n, p in procs}
-    totals = [n.devices[(gpu, gi)].memory_bytes[1] / MIB for (_, gpu, gi), n in devices.items()]
+    totals = [n.devices[(gpu, gi)].memory_bytes[1] // MIB for (_, gpu, gi), n in devices.items()]
     return sum(used) / sum(totals) if used and totals else None
 
 
@@ -408,9 +447,11 @@ def per_gpu(field: str) -> Callable[[Context], Want]:
     )
 
 
-def used_share(d: Device) -> float:
-    used, free = d.as48["DCGM_FI_DEV_FB_USED"], d.as48["DCGM_FI_DEV_FB_FREE"]
-    return used / (used + free)
+def used_share(d: Device) -> float | None:
+    """used / (used + free); None where the GPU's memory in use is not known (a Jetson
+    whose kernel has no NvMapMemUsed)."""
+    used, free = d.as48.get("DCGM_FI_DEV_FB_USED"), d.as48.get("DCGM_FI_DEV_FB_FREE")
+    return None if used is None or free is None else used / (used + free)
 
 
 def per_pod(c: Context, value: Callable[[list[tuple[NodeTruth, Process]]], float | None]) -> Want:
@@ -454,6 +495,12 @@ def fleet_memory_share(t: NodeTruth) -> float | None:
     return used / both if both else None
 
 
+def total(values: Iterable[float]) -> float | None:
+    """A sum, or no answer when there is nothing to add (PromQL's sum() of no series)."""
+    v = list(values)
+    return sum(v) if v else None
+
+
 def count(n: int) -> Want:
     return scalar(float(n) if n else None)  # count() of nothing is no answer
 
@@ -470,7 +517,7 @@ PANELS: dict[tuple[str, str, str], Callable[[Context], Want] | None] = {
     (CLUSTER, "GPUs", "A"): lambda c: scalar(float(c.t.gpus)),
     (CLUSTER, "Mean GPU utilisation", "A"): lambda c: scalar(mean(whole(c.t, UTIL).values())),
     (CLUSTER, "GPU memory used", "A"): lambda c: scalar(fleet_memory_share(c.t)),
-    (CLUSTER, "Power draw", "A"): lambda c: scalar(sum(whole(c.t, POWER).values())),
+    (CLUSTER, "Power draw", "A"): lambda c: scalar(total(whole(c.t, POWER).values())),
     (CLUSTER, "Unhealthy GPUs", "A"): lambda c: scalar(0.0),
     (CLUSTER, "Spooled batches", "A"): NO_SOURCE,
     (CLUSTER, "Nodes [table]", "A"): lambda c: by_node(1.0, c.t),
@@ -479,7 +526,7 @@ PANELS: dict[tuple[str, str, str], Callable[[Context], Want] | None] = {
     (CLUSTER, "Nodes [table]", "D"): lambda c: by_node(mean(whole(c.t, UTIL).values()), c.t),
     (CLUSTER, "Nodes [table]", "E"): lambda c: by_node(sum(whole(c.t, USED).values()), c.t),
     (CLUSTER, "Nodes [table]", "F"): lambda c: Want(
-        ("Hostname", "backend"), {(c.t.node, "simulated"): 1}
+        ("Hostname", "backend"), {(c.t.node, c.t.backend): 1}
     ),
     (CLUSTER, "GPU utilisation by node", "A"): lambda c: by_node(
         mean(whole(c.t, UTIL).values()), c.t
@@ -487,7 +534,7 @@ PANELS: dict[tuple[str, str, str], Callable[[Context], Want] | None] = {
     (CLUSTER, "GPU memory used by node", "A"): lambda c: by_node(
         sum(whole(c.t, USED).values()), c.t
     ),
-    (CLUSTER, "Power draw by node", "A"): lambda c: by_node(sum(whole(c.t, POWER).values()), c.t),
+    (CLUSTER, "Power draw by node", "A"): lambda c: by_node(total(whole(c.t, POWER).values()), c.t),
     (CLUSTER, "Hottest GPU by node", "A"): lambda c: by_node(
         max(whole(c.t, "DCGM_FI_DEV_GPU_TEMP").values()), c.t
     ),
@@ -503,7 +550,7 @@ PANELS: dict[tuple[str, str, str], Callable[[Context], Want] | None] = {
     (CLUSTER, "Dropped batches", "A"): NO_SOURCE,
     (NODE, "Connection", "A"): lambda c: scalar(1.0),
     (NODE, "Last push", "A"): NO_SOURCE,
-    (NODE, "Agent", "A"): lambda c: Want(("backend",), {("simulated",): 1.0}),
+    (NODE, "Agent", "A"): lambda c: Want(("backend",), {(c.t.backend,): 1.0}),
     (NODE, "GPUs", "A"): lambda c: scalar(float(c.t.gpus)),
     (NODE, "GPU processes", "A"): lambda c: count(
         sum(1 for p in c.t.processes.values() if p.mem_mib is not None)
@@ -514,7 +561,8 @@ PANELS: dict[tuple[str, str, str], Callable[[Context], Want] | None] = {
     (NODE, "GPU utilisation", "A"): per_gpu(UTIL),
     (NODE, "GPU memory used", "A"): per_gpu(USED),
     (NODE, "GPU memory used (of used + free)", "A"): lambda c: Want(
-        ("gpu", "UUID"), {(d.gpu, d.uuid): used_share(d) for d in c.t.whole()}
+        ("gpu", "UUID"),
+        {(d.gpu, d.uuid): share for d in c.t.whole() if (share := used_share(d)) is not None},
     ),
     (NODE, "Memory copy utilisation", "A"): per_gpu("DCGM_FI_DEV_MEM_COPY_UTIL"),
     (NODE, "Power draw", "A"): per_gpu(POWER),

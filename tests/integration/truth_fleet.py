@@ -1,4 +1,5 @@
-"""A still fleet for the truth test: one agent per machine profile, every value fixed.
+"""A still fleet for the truth test: one agent per machine profile (and per simulated
+Jetson board), every value fixed.
 
 :func:`running_truth_fleet` runs a real gateway and, in this process, one agent per
 simulator profile (:data:`edge_agent.sim.profiles.PROFILES`), each as its own node, and
@@ -36,6 +37,7 @@ from edge_agent.catalog import load_counters
 from edge_agent.config import SimulateConfig
 from edge_agent.sim import host as simhost
 from edge_agent.sim import nvml as simulator
+from edge_agent.sim.jetson import BOARDS
 from edge_agent.sim.profiles import PROFILES
 from harness.fleet import (
     TOKEN,
@@ -57,6 +59,7 @@ from tests.integration.test_prometheus_e2e import (
     PromQL,
     substituted,
 )
+from tests.integration.truth_jetson import read_board_truth
 from tests.integration.truth_source import Baseline, NodeTruth, read_node
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "prometheus.yml"
@@ -69,11 +72,13 @@ Sample = tuple[str, dict[str, str], float]  # name, labels, value
 
 
 # The fleet's members: one per machine profile on dcgm-exporter 4.8's names (the default),
-# and one more on 4.9's (docs/migration.md): member -> (machine profile, naming scheme).
+# two more on 4.9's (docs/migration.md), and one per simulated Jetson board (issue 28):
+# member -> (machine profile or board, naming scheme).
 MEMBERS: dict[str, tuple[str, str]] = {
     **{profile: (profile, "4.8") for profile in PROFILES},
     "h100-sxm-dcgm49": ("h100-sxm", "4.9"),
     "h100-mig-dcgm49": ("h100-mig", "4.9"),
+    **{board: (board, "4.8") for board in BOARDS},
 }
 
 
@@ -88,7 +93,7 @@ class Member:
     profile: str
     node: str
     agent: Agent
-    sim: simulator.SimulatedNvml
+    sim: simulator.SimulatedNvml | None  # None: a Jetson, whose source is its files
     clock: FakeClock
     pods: dict[int, tuple[str, str, str]]
     truth: NodeTruth | None = None
@@ -169,11 +174,15 @@ async def running_truth_fleet(prometheus_bin: Path, tmp: Path) -> AsyncIterator[
             what="every agent connected, its exporter published",
         )
         # The previous collection's instant, for the fields measured over an interval.
-        baselines = {p: Baseline.take(m.sim) for p, m in members.items()}
+        baselines = {p: Baseline.take(m.sim) for p, m in members.items() if m.sim is not None}
         for m in members.values():
             m.clock.advance(STEP)
         await asyncio.gather(*(_collect_again(m) for m in members.values()))
         for p, m in members.items():
+            if m.sim is None:  # a Jetson: what its board's files say
+                uuid = m.agent.published.snapshot.gpus[0].uuid  # type: ignore[union-attr]
+                m.truth = read_board_truth(m.profile, node=m.node, uuid=uuid, pods=m.pods)
+                continue
             m.truth = read_node(
                 m.sim, baselines[p], node=m.node, counters=counters[m.naming], pods=m.pods
             )
@@ -228,6 +237,9 @@ async def _start(
         mp.setattr(simulator, "SimulatedNvml", simulated)
         mp.setattr(simhost, "build", build)
         agent = await agents.enter_async_context(running_agent(cfg))
+    if profile in BOARDS:  # no NVML: the board's files, on the wall clock
+        [host] = hosts
+        return Member(profile, node, agent, None, FakeClock(), dict(host.pods), naming=naming)
     [(sim, clock)], [host] = made, hosts
     return Member(profile, node, agent, sim, clock, dict(host.pods), naming=naming)
 

@@ -115,6 +115,10 @@ class NodeTruth:
     gpus: int
     devices: dict[tuple[str, str], Device]  # (gpu, GPU_I_ID) ->
     processes: dict[int, Process]
+    backend: str = "simulated"  # gpurelay_agent_info's backend label
+    # other series of the node than DCGM_* (a Jetson's gpurelay_jetson_*): (name, labels
+    # that tell its series apart) -> value
+    extra: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
 
     def whole(self) -> list[Device]:
         return [d for (_, gi), d in sorted(self.devices.items()) if gi == WHOLE]

@@ -27,6 +27,7 @@ from edge_agent.collect import Collector
 from edge_agent.jetson.board import read_board
 from edge_agent.jetson.collector import JetsonDeviceCollector, gpu_uuid
 from edge_agent.sim.jetson import BOARDS, build
+from gpurelay.bie import collect_document
 from gpurelay.exposition import render_text
 from gpurelay.families import known
 from gpurelay.model import MIB, Snapshot
@@ -104,15 +105,28 @@ def test_jetson_figures_are_the_boards_files_in_dcgms_units(board: str, tmp_path
     assert value(snap, "DCGM_FI_DEV_GPU_TEMP") == gpu_temp / 1000
     assert value(snap, "DCGM_FI_DEV_FB_TOTAL") == spec.mem_total_kb * 1024 // MIB
     assert value(snap, "DCGM_FI_DEV_FB_FREE") == spec.mem_available_kb * 1024 // MIB
-    used = None if spec.nvmap_used_kb is None else spec.nvmap_used_kb * 1024 // MIB
+    used_kb = spec.nvmap_used_kb  # else (r32) the total of nvmap's clients
+    if used_kb is None:
+        used_kb = sum(kb for *_, kb in spec.nvmap_clients)
+    used = used_kb * 1024 // MIB
     assert value(snap, "DCGM_FI_DEV_FB_USED") == used
+    total, free = spec.mem_total_kb * 1024 // MIB, spec.mem_available_kb * 1024 // MIB
+    assert value(snap, "DCGM_FI_DEV_FB_RESERVED") == total - used - free  # held by the CPU
     rails = {label: (mv, ma) for *_, ch in spec.monitors for label, mv, ma in ch if label != "NC"}
     for rail, (mv, ma) in rails.items():
         assert value(snap, "gpurelay_jetson_rail_voltage_volts", rail=rail) == mv / 1000
         assert value(snap, "gpurelay_jetson_rail_current_amperes", rail=rail) == ma / 1000
     info = [dict(s.labels) for s in snap.samples if s.name == "gpurelay_jetson_board_info"]
     assert info[0]["model"] == spec.model and info[0]["soc"].startswith("tegra")
-    assert value(snap, "DCGM_FI_DEV_POWER_USAGE") is None  # no rail is the GPU alone
+    gpu_rail = [(mv, ma) for r, (mv, ma) in rails.items() if r == "GPU"]  # Xavier's
+    # Orin: no rail is the GPU alone (VDD_GPU_SOC, VDD_CPU_GPU_CV), so no power figure
+    power = value(snap, "DCGM_FI_DEV_POWER_USAGE")
+    assert power == (gpu_rail[0][0] * gpu_rail[0][1] // 1000 / 1000 if gpu_rail else None)
+    modes = dict(spec.power_modes)
+    mode = spec.default_mode if spec.pmode is None else spec.pmode
+    (mode_labels,) = [dict(s.labels) for s in snap.samples if s.name.endswith("power_mode_info")]
+    assert (mode_labels["mode_id"], mode_labels["mode"]) == (str(mode), modes[mode])
+    assert mode_labels["source"] == ("default" if spec.pmode is None else "status")
     (gpu,) = snap.gpus
     tree_board = read_board(tmp_path / "proc", tmp_path / "etc")
     assert gpu.uuid == gpu_uuid(tree_board, NODE) and gpu.uuid.startswith("GPU-")
@@ -133,6 +147,21 @@ def test_jetson_says_why_and_keeps_going_when_files_fail(tmp_path: Path) -> None
     assert "absent" in unsupported["gpurelay_jetson_emc_clock_hertz"]
     assert value(snap, "DCGM_FI_DEV_SM_CLOCK") == 918.0  # the rest still read
     assert value(snap, "DCGM_FI_DEV_GPU_UTIL") is None
+
+
+def test_without_any_nvmap_figure_the_gpus_memory_is_unknown_not_0(tmp_path: Path) -> None:
+    """r32 (no NvMapMemUsed) with debugfs closed: FB_USED and FB_RESERVED are left out,
+    and BIE, whose format cannot say "unknown", leaves the GPU out instead of a 0."""
+    collection = jetson_collector(tmp_path, "jetson-xavier")
+    shutil.rmtree(tmp_path / "sys" / "kernel" / "debug")
+    snap = collection.collect()
+    assert value(snap, "DCGM_FI_DEV_FB_USED") is None
+    assert value(snap, "DCGM_FI_DEV_FB_RESERVED") is None
+    assert value(snap, "DCGM_FI_DEV_FB_TOTAL") == BIE_XAVIER_TOTAL_MIB
+    assert collect_document(NODE, snap.gpus)[NODE]["deviceNum"] == 0
+
+
+BIE_XAVIER_TOTAL_MIB = BOARDS["jetson-xavier"].mem_total_kb * 1024 // MIB
 
 
 def test_a_board_without_a_gpu_node_is_unhealthy_not_a_crash(tmp_path: Path) -> None:

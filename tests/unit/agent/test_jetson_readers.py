@@ -63,7 +63,7 @@ def test_orin_agx_jetpack5(tmp_path: Path) -> None:
     assert b.module_name == "Jetson AGX Orin 64GB"
     rails = {r.name: r for r in read_rails(tree.sys_root).rails}
     assert set(rails) == {"VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"}
-    assert rails["VDD_GPU_SOC"].milliwatts == 4_992 * 1_288 / 1000
+    assert rails["VDD_GPU_SOC"].microwatts == 4_992 * 1_288
     assert not any(r.is_input for r in rails.values())  # AGX Orin measures no VDD_IN
     zones = read_zones(tree.sys_root)
     assert zones.by_kind("gpu").celsius == 47.218  # type: ignore[union-attr]
@@ -83,7 +83,7 @@ def test_orin_nano_jetpack6(tmp_path: Path) -> None:
     assert (b.l4t, b.jetpack, b.module) == ("36.4.3", "6.2", "p3767-0005")
     assert read_gpu(find_gpu(tree.sys_root)).load == 0.991  # type: ignore[arg-type]
     rails = {r.name: r for r in read_rails(tree.sys_root).rails}
-    assert rails["VDD_IN"].is_input and rails["VDD_IN"].milliwatts == 5_048 * 1_464 / 1000
+    assert rails["VDD_IN"].is_input and rails["VDD_IN"].microwatts == 5_048 * 1_464
     assert read_zones(tree.sys_root).by_kind("gpu").celsius == 50.937  # type: ignore[union-attr]
     emc = read_emc(tree.sys_root)  # JetPack 6: actmon moved to debugfs (cactmon)
     assert emc.load == pytest.approx(0.35)
@@ -94,7 +94,7 @@ def test_xavier_jetpack4_iio_rails_and_no_nvmap_meminfo(tmp_path: Path) -> None:
     b = read_board(tree.proc_root, tree.etc_root)
     assert (b.soc, b.l4t, b.jetpack, b.module) == ("tegra194", "32.7.4", "4.6.4", "")
     rails = {r.name: r for r in read_rails(tree.sys_root).rails}
-    assert rails["SYS5V"].milliwatts == 4_968 * 584 // 1000  # the driver's own mW
+    assert rails["SYS5V"].microwatts == 4_968 * 584 // 1000 * 1000  # the driver's own mW
     assert "PMIC-Die" not in {z.type for z in read_zones(tree.sys_root).zones}
     mem = read_memory(tree.proc_root)
     assert mem.gpu_bytes is None and any("NvMapMemUsed" in m.reason for m in mem.missing)
@@ -116,7 +116,7 @@ def test_a_missing_rail_file_loses_that_figure_only(tmp_path: Path) -> None:
     (hwmon / "curr1_input").unlink()
     rails = read_rails(tree.sys_root)
     gpu_soc = next(r for r in rails.rails if r.name == "VDD_GPU_SOC")
-    assert (gpu_soc.millivolts, gpu_soc.milliamps, gpu_soc.milliwatts) == (4_992, None, None)
+    assert (gpu_soc.millivolts, gpu_soc.milliamps, gpu_soc.microwatts) == (4_992, None, None)
     assert [str(m) for m in rails.missing] == [f"{hwmon / 'curr1_input'}: absent"]
     assert len(rails.rails) == 4
 
