@@ -28,6 +28,8 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	# the agent and the shared core also run on Python 3.10 (gpurelay/compat.py)
+	$(BIN)/mypy --python-version 3.10 edge_agent gpurelay
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=25

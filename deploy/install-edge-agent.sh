@@ -72,7 +72,8 @@ Package:
                          $(dirname "$SCRIPT_DIR"))
   --pip-args "ARGS"      extra pip arguments, e.g. "--no-index --find-links /srv/wheels"
                          for an offline box
-  --python PYTHON        interpreter for the venv, 3.11 or newer (default: python3)
+  --python PYTHON        interpreter for the venv, 3.10 or newer (default: python3;
+                         JetPack 5 has 3.8: install python3.10 and pass its path)
 
 Modes:
   --upgrade              reinstall the package into the existing venv, refresh the unit
@@ -393,9 +394,9 @@ check_source() {
 
 check_python() {
     local home
-    command -v "$PYTHON" >/dev/null || die "--python $PYTHON: not found (the agent needs Python 3.11 or newer)"
-    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-        die "$PYTHON is Python $("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])'); the agent needs 3.11 or newer (--python PATH)"
+    command -v "$PYTHON" >/dev/null || die "--python $PYTHON: not found (the agent needs Python 3.10 or newer)"
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+        die "$PYTHON is Python $("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])'); the agent needs 3.10 or newer (--python PATH; on a Jetson with JetPack 5, Ubuntu 20.04: apt-get install python3.10 python3.10-venv from the deadsnakes PPA, then --python /usr/bin/python3.10; JetPack 6's python3 is 3.10)"
     # A venv runs its base interpreter in place. The unit has ProtectHome=yes, so an
     # interpreter under /home or /root (pyenv, a user's conda) fails with status=203/EXEC.
     home=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.base_prefix))')

@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import asyncssh
 from asyncssh.public_key import SSHOpenSSHCertificate
 
 from edge_agent.errors import AgentError
+from gpurelay.compat import UTC
 from gpurelay.enrollment import EXIT_OK, refusal_said
 from gpurelay.files import sync_dir
 from gpurelay.ssh_cert import FOREVER, CertInfo, certificate_info

@@ -22,6 +22,8 @@ import socket
 from collections.abc import Sequence
 
 from edge_agent.errors import AgentError
+from gpurelay import compat
+from gpurelay.compat import TIMEOUTS
 
 
 class PathSilent(AgentError):
@@ -34,16 +36,16 @@ async def dial(host: str, port: int, timeout: float) -> socket.socket:
     answered in time, ``OSError`` when one refused or was unreachable."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    async with asyncio.timeout(max(timeout, 0.001)):
+    async with compat.timeout(max(timeout, 0.001)):
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError | None = None
     for family, kind, proto, _name, address in infos:
         sock = socket.socket(family, kind, proto)
         sock.setblocking(False)
         try:
-            async with asyncio.timeout_at(deadline):
+            async with compat.timeout_at(deadline):
                 await loop.sock_connect(sock, address)
-        except TimeoutError:
+        except TIMEOUTS:
             sock.close()
             raise PathSilent(
                 f"no answer from {host}:{port} within {timeout:g}s (a silent path)"

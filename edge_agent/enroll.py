@@ -16,7 +16,6 @@ a token sent to an unverified host could be taken by whoever answers.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import re
@@ -33,6 +32,8 @@ from edge_agent.credentials import certificate_answer, expiry_text
 from edge_agent.dial import PathSilent
 from edge_agent.errors import AgentError, ConfigError
 from edge_agent.proxy_connect import ProxyError, proxy_route
+from gpurelay import compat
+from gpurelay.compat import TIMEOUTS
 from gpurelay.enrollment import ENROLL_SUBSYSTEM, TokenError, enroll_username, parse_token
 from gpurelay.files import write_atomic
 from gpurelay.settings import SettingsError
@@ -284,7 +285,7 @@ async def _request(
     )
     where = f"{host}:{port}"
     try:
-        async with asyncio.timeout(timeout):
+        async with compat.timeout(timeout):
             sock = await _through_proxy(cfg, host, port, timeout)
             async with asyncssh.connect(
                 host,
@@ -319,7 +320,7 @@ async def _request(
             if "host key" in exc.reason
             else f"cannot agree on SSH algorithms with {where}: {exc.reason}"
         ) from exc
-    except TimeoutError:
+    except TIMEOUTS:
         raise EnrollRefused(f"no answer from the gateway {where} within {timeout:g}s") from None
     except (ProxyError, PathSilent) as exc:
         raise EnrollRefused(f"cannot reach the gateway {where}: {exc}") from exc

@@ -43,6 +43,8 @@ from urllib.parse import unquote_to_bytes
 
 import h11
 
+from gpurelay import compat
+from gpurelay.compat import TIMEOUTS
 from gpurelay.logs import Throttled
 
 log = logging.getLogger("edge_agent.http")
@@ -250,7 +252,7 @@ class HttpServer:
         self.connections[task] = conn
         try:
             await self._serve(reader, conn)
-        except (ConnectionError, TimeoutError, ssl.SSLError, _Idle):
+        except (ConnectionError, *TIMEOUTS, ssl.SSLError, _Idle):
             pass
         except asyncio.CancelledError:
             pass  # only cleanup() cancels, and the task ends here (asyncio's stream
@@ -339,9 +341,9 @@ class HttpServer:
 
     async def _read(self, reader: asyncio.StreamReader, wait: float, started: bool) -> bytes:
         try:
-            async with asyncio.timeout(wait):
+            async with compat.timeout(wait):
                 return await reader.read(READ_SIZE)
-        except TimeoutError:
+        except TIMEOUTS:
             if not started:
                 raise _Idle from None
             raise BadRequest(408, "request not received in time") from None
@@ -397,7 +399,7 @@ class HttpServer:
             h.send(h11.ConnectionClosed())
         else:
             conn.writer.write(self._encode(h, resp, close=close, head_only=head_only))
-        async with asyncio.timeout(WRITE_TIMEOUT):
+        async with compat.timeout(WRITE_TIMEOUT):
             await conn.writer.drain()
         conn.answered = time.monotonic()
 

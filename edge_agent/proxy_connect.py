@@ -31,6 +31,8 @@ from urllib.parse import unquote, urlsplit
 from edge_agent import __version__
 from edge_agent.dial import PathSilent, dial, show
 from edge_agent.errors import AgentError, ConfigError
+from gpurelay import compat
+from gpurelay.compat import TIMEOUTS
 
 MAX_HEAD_BYTES = 8192  # the proxy's whole answer head; squid's and tinyproxy's are < 300
 ENV_PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -256,9 +258,9 @@ async def connect_through(
     except OSError as exc:
         raise ProxyError(f"cannot reach HTTP proxy {proxy}: {exc}") from exc
     try:
-        async with asyncio.timeout(answer_timeout):
+        async with compat.timeout(answer_timeout):
             await handshake(sock, proxy, host, port)
-    except TimeoutError:
+    except TIMEOUTS:
         sock.close()
         raise ProxyError(
             f"HTTP proxy {proxy} did not answer CONNECT {show((host, port))} within "

@@ -26,6 +26,8 @@ import asyncssh
 from edge_agent.config import TunnelConfig
 from edge_agent.credentials import certificate_answer, expiry_text, next_key_path
 from edge_agent.errors import AgentError
+from gpurelay import compat
+from gpurelay.compat import TIMEOUTS
 from gpurelay.enrollment import RENEW_SUBSYSTEM, renew_due
 from gpurelay.files import sync_dir, write_atomic
 from gpurelay.model import Family, SampleSink
@@ -180,11 +182,11 @@ class Renewer:
             raise RenewalFailed(f"node key {self._key_path} cannot be read: {exc}") from exc
         public = key.export_public_key("openssh").decode("ascii")
         try:
-            async with asyncio.timeout(TIMEOUT_SECONDS):
+            async with compat.timeout(TIMEOUT_SECONDS):
                 result = await conn.run(
                     subsystem=RENEW_SUBSYSTEM, input=public, check=False, encoding="utf-8"
                 )
-        except TimeoutError:
+        except TIMEOUTS:
             raise RenewalFailed(f"no answer from the gateway within {TIMEOUT_SECONDS:g}s") from None
         except (OSError, asyncssh.Error) as exc:
             raise RenewalFailed(f"the gateway refused the renewal channel: {exc}") from exc

@@ -70,7 +70,9 @@ from edge_agent.tunnel_types import (
     load_client_key,
     load_known_hosts,
 )
+from gpurelay import compat
 from gpurelay.asyncssh_hooks import hook_forwarded_open
+from gpurelay.compat import TIMEOUTS
 from gpurelay.model import SampleSink, Snapshot
 from gpurelay.wire import (
     SUBSYSTEM,
@@ -344,7 +346,7 @@ class Tunnel:
         try:
             # asyncio.timeout, not wait_for: wait_for (3.11) drops a cancellation that
             # comes as the login ends, and the agent never stops (gpurelay.tasks)
-            async with asyncio.timeout(self._cfg.connect_timeout_seconds):
+            async with compat.timeout(self._cfg.connect_timeout_seconds):
                 conn = await asyncssh.connect(
                     host,
                     port,
@@ -382,7 +384,7 @@ class Tunnel:
                 "certificate (cloud-gateway certs issue-gateway HOST, then ssh.host_certificate "
                 "or <host_key>-cert.pub on the gateway); or pin the gateway's host key instead"
             ) from exc
-        except (OSError, TimeoutError, asyncssh.Error) as exc:
+        except (OSError, *TIMEOUTS, asyncssh.Error) as exc:
             reason, why = greeting.failure(
                 show((host, port)), self._cfg.connect_timeout_seconds, exc
             )
@@ -483,8 +485,8 @@ class Tunnel:
                     next_replay = max(next_replay + self._replay_interval, now - 1.0)
                     await writer.drain()
                     continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+            with contextlib.suppress(*TIMEOUTS):
+                async with compat.timeout(timeout):
                     await self._wakeup.wait()
 
     def _inbound(self) -> Inbound:

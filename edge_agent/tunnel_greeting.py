@@ -19,6 +19,8 @@ from typing import Any
 
 from asyncssh.logging import logger as asyncssh_logger
 
+from gpurelay.compat import TIMEOUTS
+
 _KEEP = 1024  # bytes kept while waiting for the SSH line; past that, asyncssh decides alone
 _SHOWN = 60  # bytes of the peer's first line quoted
 
@@ -62,7 +64,7 @@ class Greeting:
             return "not_ssh", (
                 f"gateway {address} answered but is not an SSH server (it sent '{shown}')"
             )
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TIMEOUTS):
             return "no_greeting", (
                 f"gateway {address} accepted the connection but sent no SSH greeting within "
                 f"{timeout:g}s (not an SSH server, or one too busy to answer)"

@@ -12,6 +12,8 @@ import asyncssh
 from edge_agent.outbox import Dispatch
 from edge_agent.tunnel_stats import TunnelStats
 from edge_agent.tunnel_types import GatewayRefused, GatewaySilent, TunnelError
+from gpurelay import compat
+from gpurelay.compat import TIMEOUTS
 from gpurelay.wire import (
     READ_CHUNK,
     Ack,
@@ -50,9 +52,9 @@ class Inbound:
         decoder = FrameDecoder()
         while True:
             try:
-                async with asyncio.timeout(silence):
+                async with compat.timeout(silence):
                     data = await reader.read(READ_CHUNK)
-            except TimeoutError:
+            except TIMEOUTS:
                 message = (
                     f"nothing from the gateway for {silence:g}s (gateway.silence_timeout_"
                     "seconds): the link or the gateway is dead; dropping the session"

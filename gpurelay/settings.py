@@ -9,12 +9,13 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+from gpurelay.compat import tomllib
 
 T = TypeVar("T")
 

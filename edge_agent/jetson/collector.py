@@ -85,8 +85,8 @@ def gpu_uuid(board: Board, node: str) -> str:
 class _Pass:
     """One pass's samples, and why each family left out was left out."""
 
-    def __init__(self, sink: SampleSink, labels: Labels) -> None:
-        self.sink, self.labels = sink, labels
+    def __init__(self, sink: SampleSink, labels: Labels, own_labels: Labels) -> None:
+        self.sink, self.labels, self.own_labels = sink, labels, own_labels
         self.published: set[str] = set()
         self.why: dict[str, str] = {}
 
@@ -94,7 +94,8 @@ class _Pass:
         if value is None:
             self.why.setdefault(name, reason or "not readable on this board")
             return
-        self.sink.add(name, (*self.labels, *extra), float(value))
+        base = self.own_labels if name.startswith("gpurelay_") else self.labels
+        self.sink.add(name, (*base, *extra), float(value))
         self.published.add(name)
 
 
@@ -121,6 +122,9 @@ class JetsonDeviceCollector:
         self.board = read_board(proc_root, etc_root)
         self._gpu: GpuNode | Missing = find_gpu(sys_root)
         self.uuid = self._uuid = gpu_uuid(self.board, node)
+        # DCGM's fields carry dcgm-exporter's labels; gpurelay_jetson_* the ones that
+        # name the GPU and the node only, in snake_case as Prometheus asks of new names
+        # (the board's model and release are gpurelay_jetson_board_info's)
         self._labels: Labels = (
             ("gpu", "0"),
             ("UUID", self._uuid),
@@ -130,12 +134,13 @@ class JetsonDeviceCollector:
             ("NodeName", node),
             (driver_label, self.board.l4t),
         )
+        self._own_labels: Labels = (("gpu", "0"), ("UUID", self._uuid), (node_label, node))
         self._unsupported: dict[str, str] = {}
 
     def collect(self, sink: SampleSink) -> list[GpuInventory]:
         for family in FAMILIES:
             sink.declare(family)
-        p = _Pass(sink, self._labels)
+        p = _Pass(sink, self._labels, self._own_labels)
         self._board(p)
         healthy = self._gpu_series(p)
         zones = read_zones(self._sys)

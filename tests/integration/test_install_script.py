@@ -349,6 +349,28 @@ def _system_python() -> str:
     pytest.skip(msg)
 
 
+def test_refuses_a_python_older_than_310_and_says_what_a_jetson_needs(tmp_path: Path) -> None:
+    """JetPack 5's Ubuntu 20.04 has Python 3.8: the installer stops before writing
+    anything and names the interpreter to install (docs/jetson.md)."""
+    jetpack5 = tmp_path / "python3.8"  # answers as Ubuntu 20.04's python3 does to the check
+    jetpack5.write_text(
+        "#!/bin/sh\n"
+        'case "$2" in\n'
+        '*"sys.exit(sys.version_info"*) exit 1 ;;\n'
+        '*"version_info[:2]"*) echo 3.8 ;;\n'
+        "*) exit 3 ;;\n"
+        "esac\n"
+    )
+    jetpack5.chmod(0o755)
+    root = tmp_path / "root"
+    proc = run("--root", root, "--node", NODE, "--python", jetpack5)
+    assert proc.returncode == 2, proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert f"{jetpack5} is Python 3.8; the agent needs 3.10 or newer" in error
+    assert "JetPack 5" in error and "--python /usr/bin/python3.10" in error
+    assert not (root / "etc").exists()
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel of this repository, built from a copy (the checkout stays untouched)."""

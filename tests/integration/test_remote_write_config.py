@@ -19,13 +19,13 @@ import dataclasses
 import re
 import subprocess
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import tomllib
 import yaml
 
 from cloud_gateway import config as gateway_config

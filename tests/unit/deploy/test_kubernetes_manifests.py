@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
-import tomllib
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -26,6 +25,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 
 from cloud_gateway import config as gateway_config

@@ -14,11 +14,11 @@ import os
 import re
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from edge_agent.config import AgentConfig
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from cloud_gateway import config as gateway_config
 from cloud_gateway.cluster.config import ClusterConfig

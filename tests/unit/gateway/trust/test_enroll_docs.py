@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from cloud_gateway import config as gateway_config
 from cloud_gateway.trust.config import EnrollConfig
