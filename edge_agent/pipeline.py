@@ -39,7 +39,6 @@ from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.nvml.guard import GpuGuard
 from edge_agent.sim.profiles import DEFAULT_PROFILE, profile_named
 from edge_agent.xid import XidWatcher
-from gpurelay.naming import DRIVER_LABEL
 
 log = logging.getLogger("edge_agent")
 
@@ -347,7 +346,7 @@ def _jetson_pipeline(
         var_root=roots.var_root,
         node=node,
         node_label=cfg.node_label,
-        driver_label=DRIVER_LABEL[cfg.dcgm_naming],
+        naming=cfg.dcgm_naming,  # type: ignore[arg-type]
     )
     attributor = _attributor(cfg)
     process = JetsonProcessCollector(

@@ -20,6 +20,11 @@ where a rail measures the GPU alone (Xavier's ``GPU``, TX2's ``VDD_SYS_GPU``); O
 none (AGX Orin's ``VDD_GPU_SOC`` includes the SoC, Orin Nano/NX's ``VDD_CPU_GPU_CV`` the
 CPU and the vision engines), so it is left out there rather than over-stated.
 
+With ``dcgm_naming = "4.9"`` the DCGM fields take dcgm-exporter 4.9's names and units
+(docs/migration.md), each computed from the source's own integers, not converted from
+4.8's figure: ``GPU_UTIL_RATIO`` = per mille / 1000, ``SM_CLOCK_HERTZ`` = Hz, and
+``FB_*_BYTES`` / ``FB_CAPACITY_BYTES`` exact bytes.
+
 The GPU's labels are NVML's: ``gpu`` 0, ``UUID`` derived from the module's serial number
 (``GPU-`` + a UUID 5 of it; of the node name where the device tree has none: the kernel
 gives the integrated GPU no UUID), ``device`` ``nvgpu``, ``modelName`` the module, and
@@ -43,6 +48,7 @@ from edge_agent.jetson.rails import read_rails
 from edge_agent.jetson.thermal import read_zones
 from gpurelay.families import known
 from gpurelay.model import MIB, Family, GpuInventory, Labels, SampleSink
+from gpurelay.naming import DRIVER_LABEL, Naming, name_in
 
 UTIL, CLOCK, TEMP = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP"
 FB_USED, FB_FREE, FB_TOTAL = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_TOTAL"
@@ -64,14 +70,19 @@ def _family(name: str) -> Family:
     return family
 
 
-NAMES: Final = (
-    *(UTIL, CLOCK, TEMP, POWER, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL),
-    *(BOARD, MODE, EMC_CLOCK, EMC_UTIL),
-)
+DCGM_NAMES: Final = (UTIL, CLOCK, TEMP, POWER, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL)
+NAMES: Final = (*DCGM_NAMES, BOARD, MODE, EMC_CLOCK, EMC_UTIL)
 # The rails that measure the GPU alone, by board (rbonghi/jetson_stats, docs/jetson.md)
 GPU_RAILS: Final = frozenset({"GPU", "VDD_GPU", "VDD_SYS_GPU"})
 NAMES_OF_SEVERAL: Final = (ZONE, VOLTS, AMPS, WATTS)  # one series per zone or rail
 FAMILIES: Final[tuple[Family, ...]] = tuple(_family(n) for n in (*NAMES, *NAMES_OF_SEVERAL))
+
+
+def families(naming: Naming) -> tuple[Family, ...]:
+    """What the collector declares: DCGM's fields under ``naming``'s names."""
+    return tuple(_family(name_in(f.name, naming)) for f in FAMILIES)
+
+
 _UUID_NAMESPACE: Final = uuid.UUID("9c1ae1c2-6f1c-5b4a-9a3e-6a65747369ff")  # ours, fixed
 
 
@@ -85,10 +96,20 @@ def gpu_uuid(board: Board, node: str) -> str:
 class _Pass:
     """One pass's samples, and why each family left out was left out."""
 
-    def __init__(self, sink: SampleSink, labels: Labels, own_labels: Labels) -> None:
+    def __init__(
+        self, sink: SampleSink, labels: Labels, own_labels: Labels, naming: Naming
+    ) -> None:
         self.sink, self.labels, self.own_labels = sink, labels, own_labels
+        self.naming = naming
         self.published: set[str] = set()
         self.why: dict[str, str] = {}
+
+    def dcgm(self, name: str, v48: float | None, v49: float | None, reason: str = "") -> None:
+        """A DCGM field (its 4.8 name): 4.8's figure, or 4.9's name and exact figure."""
+        if self.naming == "4.9":
+            self.add(name_in(name, "4.9"), v49, reason=reason)
+        else:
+            self.add(name, v48, reason=reason)
 
     def add(self, name: str, value: float | None, extra: Labels = (), reason: str = "") -> None:
         if value is None:
@@ -113,8 +134,11 @@ class JetsonDeviceCollector:
         var_root: Path | None = None,  # default: etc_root's sibling var/
         node: str,
         node_label: str = "Hostname",
-        driver_label: str = "DCGM_FI_DRIVER_VERSION",
+        naming: Naming = "4.8",
     ) -> None:
+        self._naming: Naming = naming
+        self.families = families(naming)
+        driver_label = DRIVER_LABEL[naming]
         self._sys, self._proc, self._etc = sys_root, proc_root, etc_root
         self._var = var_root if var_root is not None else etc_root.parent / "var"
         self.degraded = Degraded()
@@ -138,14 +162,15 @@ class JetsonDeviceCollector:
         self._unsupported: dict[str, str] = {}
 
     def collect(self, sink: SampleSink) -> list[GpuInventory]:
-        for family in FAMILIES:
+        for family in self.families:
             sink.declare(family)
-        p = _Pass(sink, self._labels, self._own_labels)
+        p = _Pass(sink, self._labels, self._own_labels, self._naming)
         self._board(p)
         healthy = self._gpu_series(p)
         zones = read_zones(self._sys)
         gpu_zone = zones.by_kind("gpu")
-        p.add(TEMP, None if gpu_zone is None else gpu_zone.celsius, reason="no online gpu zone")
+        celsius = None if gpu_zone is None else gpu_zone.celsius
+        p.dcgm(TEMP, celsius, celsius, reason="no online gpu zone")
         for z in zones.zones:
             p.add(ZONE, z.celsius, (("zone", z.type),), reason="every zone offline")
         mem = read_memory(self._proc)
@@ -156,19 +181,17 @@ class JetsonDeviceCollector:
                 reason = f"{reason}; {nvmap}"
             else:
                 mem = dataclasses.replace(mem, gpu_bytes=nvmap)
-        mib = {
-            name: None if value is None else value // MIB
-            for name, value in (
-                (FB_USED, mem.gpu_bytes),
-                (FB_FREE, mem.available_bytes),
-                (FB_TOTAL, mem.total_bytes),
-            )
-        }
-        used, free, total = mib[FB_USED], mib[FB_FREE], mib[FB_TOTAL]
+        exact = {FB_USED: mem.gpu_bytes, FB_FREE: mem.available_bytes, FB_TOTAL: mem.total_bytes}
+        used, free, total = exact[FB_USED], exact[FB_FREE], exact[FB_TOTAL]
         if used is not None and free is not None and total is not None:
-            mib[FB_RESERVED] = max(total - used - free, 0)
-        for name in (FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL):
-            p.add(name, mib.get(name), reason=reason)
+            # in whole MiB too, so that 4.8's used + free + reserved = total exactly
+            reserved_mib = max(total // MIB - used // MIB - free // MIB, 0)
+            p.dcgm(FB_RESERVED, reserved_mib, max(total - used - free, 0))
+        else:
+            p.dcgm(FB_RESERVED, None, None, reason=reason)
+        for name in (FB_USED, FB_FREE, FB_TOTAL):
+            b = exact[name]
+            p.dcgm(name, None if b is None else b // MIB, b, reason=reason)
         emc = read_emc(self._sys)
         reason = "; ".join(m.reason for m in emc.missing)
         p.add(EMC_CLOCK, emc.frequency_hz, reason=reason)
@@ -206,14 +229,16 @@ class JetsonDeviceCollector:
             self._gpu = find_gpu(self._sys)
         if isinstance(self._gpu, Missing):
             for name in (UTIL, CLOCK):
-                p.add(name, None, reason=f"no GPU devfreq node ({self._gpu})")
+                p.dcgm(name, None, None, reason=f"no GPU devfreq node ({self._gpu})")
             return False
         g = read_gpu(self._gpu)
         first = str(g.missing[0]) if g.missing else ""
-        per_mille = g.load_per_mille
-        p.add(UTIL, None if per_mille is None else per_mille / 10, reason=first)
-        hz = g.frequency_hz
-        p.add(CLOCK, None if hz is None else hz / 1_000_000, reason=first)
+        per_mille, hz = g.load_per_mille, g.frequency_hz
+        if per_mille is None:
+            p.dcgm(UTIL, None, None, reason=first)
+        else:
+            p.dcgm(UTIL, per_mille / 10, per_mille / 1000)
+        p.dcgm(CLOCK, None if hz is None else hz / 1_000_000, hz, reason=first)
         return True
 
     def _rails(self, p: _Pass) -> None:
@@ -229,9 +254,10 @@ class JetsonDeviceCollector:
                 p.add(name, None, reason=reason)
         gpu_rail = next((r for r in rails.rails if r.name in GPU_RAILS), None)
         if gpu_rail is None or gpu_rail.microwatts is None:
-            p.add(POWER, None, reason="no rail measures the GPU alone on this board")
+            p.dcgm(POWER, None, None, reason="no rail measures the GPU alone on this board")
         else:
-            p.add(POWER, gpu_rail.microwatts / 1_000_000)
+            watts = gpu_rail.microwatts / 1_000_000
+            p.dcgm(POWER, watts, watts)
 
     @property
     def gpu_path(self) -> str:

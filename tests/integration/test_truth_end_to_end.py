@@ -350,12 +350,20 @@ def processes_of(
 
 def memory_ratio(procs: list[tuple[NodeTruth, Process]]) -> float | None:
     """Memory the processes use / total memory of the GPUs or GPU instances they run
-    on, each counted once, in whole MiB as DCGM's FB fields give it (a GPU's total is
-    whole MiB; a Jetson's MemTotal is not)."""
+    on, each counted once: the total as DCGM's FB fields give it, used + free + reserved
+    (in whole MiB under 4.8's names, exact bytes under 4.9's; on a GPU NVML's total, on a
+    Jetson MemTotal to the MiB)."""
     used = [p.mem_mib for _, p in procs if p.mem_mib is not None]
     devices = {(n.node, p.gpu, p.gpu_instance): n for n, p in procs}
-    totals = [n.devices[(gpu, gi)].memory_bytes[1] // MIB for (_, gpu, gi), n in devices.items()]
+    totals = [fb_total(n.devices[(gpu, gi)]) for (_, gpu, gi), n in devices.items()]
     return sum(used) / sum(totals) if used and totals else None
+
+
+def fb_total(d: Device) -> float:
+    fb = [d.as48.get(f"DCGM_FI_DEV_FB_{part}") for part in ("USED", "FREE", "RESERVED")]
+    if None in fb[:2]:
+        return d.memory_bytes[1] / MIB
+    return sum(v for v in fb if v is not None)
 
 
 def rule_value(rule: str, t: NodeTruth, procs: list[tuple[NodeTruth, Process]]) -> float | None:

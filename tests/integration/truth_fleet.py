@@ -79,6 +79,7 @@ MEMBERS: dict[str, tuple[str, str]] = {
     "h100-sxm-dcgm49": ("h100-sxm", "4.9"),
     "h100-mig-dcgm49": ("h100-mig", "4.9"),
     **{board: (board, "4.8") for board in BOARDS},
+    "jetson-orin-dcgm49": ("jetson-orin", "4.9"),
 }
 
 
@@ -181,7 +182,9 @@ async def running_truth_fleet(prometheus_bin: Path, tmp: Path) -> AsyncIterator[
         for p, m in members.items():
             if m.sim is None:  # a Jetson: what its board's files say
                 uuid = m.agent.published.snapshot.gpus[0].uuid  # type: ignore[union-attr]
-                m.truth = read_board_truth(m.profile, node=m.node, uuid=uuid, pods=m.pods)
+                m.truth = read_board_truth(
+                    m.profile, node=m.node, uuid=uuid, pods=m.pods, naming=m.naming
+                )
                 continue
             m.truth = read_node(
                 m.sim, baselines[p], node=m.node, counters=counters[m.naming], pods=m.pods

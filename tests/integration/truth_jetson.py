@@ -12,17 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from edge_agent.sim.jetson import BOARDS
+from edge_agent.sim.jetson import BOARDS, BoardSpec
+from gpurelay.naming import by_old
 from tests.integration.truth_source import MIB, WHOLE, Device, NodeTruth, Process
 
 GPU_RAILS = ("GPU", "VDD_GPU", "VDD_SYS_GPU")  # a rail that measures the GPU alone
 
 
 def read_board_truth(
-    board: str, *, node: str, uuid: str, pods: Mapping[int, tuple[str, str, str]]
+    board: str,
+    *,
+    node: str,
+    uuid: str,
+    pods: Mapping[int, tuple[str, str, str]],
+    naming: str = "4.8",
 ) -> NodeTruth:
     """``uuid``: the agent's label for the board's GPU (an identity the test checks is
-    stable, not a figure)."""
+    stable, not a figure); ``naming``: dcgm-exporter's scheme the agent publishes (4.9:
+    the fields' 4.9 names, each figure from the source's integers in 4.9's unit)."""
     spec = BOARDS[board]
     kib = 1024
     fields: dict[str, float] = {
@@ -73,4 +80,23 @@ def read_board_truth(
         for _, _, pid, kb in spec.nvmap_clients
         if pid
     }
+    if naming == "4.9":
+        device = Device("0", WHOLE, uuid, "", _as49(spec, fields, used_kb), device.memory_bytes)
     return NodeTruth(node, board, 1, {("0", WHOLE): device}, processes, "simulated-jetson", extra)
+
+
+def _as49(spec: BoardSpec, fields: dict[str, float], used_kb: int | None) -> dict[str, float]:
+    """4.9's names (docs/migration.md) and units, from the spec's integers."""
+    kib = 1024
+    exact: dict[str, float] = {
+        "DCGM_FI_DEV_GPU_UTIL": spec.gpu_load_per_mille / 1000,
+        "DCGM_FI_DEV_SM_CLOCK": float(spec.gpu_hz[0]),
+        "DCGM_FI_DEV_FB_TOTAL": float(spec.mem_total_kb * kib),
+        "DCGM_FI_DEV_FB_FREE": float(spec.mem_available_kb * kib),
+    }
+    if used_kb is not None:
+        exact["DCGM_FI_DEV_FB_USED"] = float(used_kb * kib)
+        exact["DCGM_FI_DEV_FB_RESERVED"] = float(
+            (spec.mem_total_kb - used_kb - spec.mem_available_kb) * kib
+        )
+    return {by_old()[name].new: exact.get(name, value) for name, value in fields.items()}

@@ -205,3 +205,25 @@ def test_simulated_jetson_is_labelled_and_cleans_up(
     (proc,) = samples(snap, "DCGM_CUSTOM_PROCESS_MEM_USED")
     assert proc[0]["PodName"] and proc[1] == 1_024_000 * 1024 / MIB
     assert scratch is not None and not scratch.exists()
+
+
+def test_dcgm_49_names_on_a_jetson_are_exact(tmp_path: Path) -> None:
+    """``dcgm_naming = "4.9"``: 4.9's names, each from the files' integers (not 4.8's
+    rounded MiB or % times a factor), and 4.9's driver label."""
+    spec = BOARDS["jetson-orin"]
+    build(tmp_path, "jetson-orin")
+    cfg = dataclasses.replace(host_cfg(tmp_path, "jetson"), dcgm_naming="4.9")
+    p = pipeline.build_pipeline(pipeline.open_backend(cfg))
+    try:
+        snap = p.collection.collect()
+    finally:
+        p.close()
+    one = {s.name: (dict(s.labels), s.value) for s in snap.samples}
+    assert one["DCGM_FI_DEV_GPU_UTIL_RATIO"][1] == spec.gpu_load_per_mille / 1000
+    assert one["DCGM_FI_DEV_SM_CLOCK_HERTZ"][1] == spec.gpu_hz[0]
+    assert one["DCGM_FI_DEV_FB_USED_BYTES"][1] == spec.nvmap_used_kb * 1024  # type: ignore[operator]
+    assert one["DCGM_FI_DEV_FB_CAPACITY_BYTES"][1] == spec.mem_total_kb * 1024
+    assert one["DCGM_FI_DEV_GPU_UTIL_RATIO"][0]["DCGM_FI_SYSTEM_DRIVER_VERSION"] == "35.4.1"
+    assert not {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"} & one.keys()
+    declared = {f.name for f in snap.families}
+    assert "DCGM_FI_DEV_FB_RESERVED_BYTES" in declared and "DCGM_FI_DEV_FB_USED" not in declared
