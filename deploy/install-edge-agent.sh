@@ -614,15 +614,30 @@ SupplementaryGroups=docker
 EOF
     else
         remove_path "$dir/10-docker.conf" "no --docker-group"
-        [[ ! -d $dir ]] || rmdir -- "$dir" 2>/dev/null || true
     fi
+    if is_jetson; then
+        ensure_dir "$dir" 0755
+        install_file "$SCRIPT_DIR/systemd/edge-agent-jetson.conf" "$dir/20-jetson.conf" 0644
+    else
+        remove_path "$dir/20-jetson.conf" "not a Jetson"
+    fi
+    [[ ! -d $dir ]] || rmdir -- "$dir" 2>/dev/null || true
     ((CHANGED == before)) || UNIT_CHANGED=1
+}
+
+# An NVIDIA Jetson (L4T): its GPU is read from the kernel's files, not NVML (docs/jetson.md)
+is_jetson() {
+    [[ -f $R/etc/nv_tegra_release ]]
 }
 
 # NVML opens /dev/nvidiactl and /dev/nvidiaN read-write; say early if the service user will
 # not be able to (the unit gives it group video only).
 check_devices() {
     [[ -z $ROOT ]] || return 0
+    if is_jetson; then
+        say "jetson     $(head -n1 /etc/nv_tegra_release | cut -c1-60): the GPU is read from sysfs (docs/jetson.md), no /dev/nvidia* needed"
+        return 0
+    fi
     if [[ ! -e /dev/nvidiactl ]]; then
         warn "/dev/nvidiactl does not exist: the NVIDIA driver is not loaded (does nvidia-smi work?); the agent cannot start until it is"
         return 0
@@ -781,6 +796,7 @@ do_uninstall() {
     fi
     remove_path "$unit"
     remove_path "$R$UNIT_DIR/$SERVICE.service.d/10-docker.conf"
+    remove_path "$R$UNIT_DIR/$SERVICE.service.d/20-jetson.conf"
     remove_dir_if_empty "$R$UNIT_DIR/$SERVICE.service.d"
     if ((SYSTEMD)); then
         systemctl daemon-reload

@@ -155,6 +155,30 @@ def test_installs_files_with_modes_and_a_loadable_config(
     assert "cloud-gateway nodes" in out
 
 
+def test_a_jetson_gets_its_drop_in_and_loses_it_when_not_one(
+    flags: list[str | Path], tmp_path: Path
+) -> None:
+    """/etc/nv_tegra_release in the target: the unit gets 20-jetson.conf (CAP_DAC_READ_SEARCH
+    for debugfs, docs/jetson.md); a later run on a tree that is not a Jetson removes it."""
+    root = tmp_path / "root"
+    release = root / "etc" / "nv_tegra_release"
+    release.parent.mkdir(parents=True)
+    release.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic\n")
+    ok(*flags)
+    dropin = root / "etc" / "systemd" / "system" / "edge-agent.service.d" / "20-jetson.conf"
+    assert (
+        dropin.read_text() == (REPO / "deploy" / "systemd" / "edge-agent-jetson.conf").read_text()
+    )
+    assert mode(dropin) == 0o644
+    before = snapshot(root)
+    ok(*flags)
+    assert snapshot(root) == before  # a second run on the Jetson changes nothing
+    release.unlink()
+    out = ok(*flags)
+    assert "20-jetson.conf (not a Jetson)" in out
+    assert not dropin.parent.exists()
+
+
 def test_second_run_changes_nothing(flags: list[str | Path], tmp_path: Path) -> None:
     ok(*flags)
     before = snapshot(tmp_path / "root")

@@ -27,6 +27,7 @@ UNITS = REPO / "deploy" / "systemd"
 AGENT = UNITS / "edge-agent.service"
 GATEWAY = UNITS / "cloud-gateway.service"
 SIGNER = UNITS / "cloud-gateway-signer.service"
+JETSON = UNITS / "edge-agent-jetson.conf"  # the agent's drop-in on a Jetson
 INSTALLER = REPO / "deploy" / "install-edge-agent.sh"
 VENV_BIN = "/opt/edge-gpu-relay/venv/bin/"
 REQUIRE_SYSTEMD = os.environ.get("EDGE_GPU_RELAY_REQUIRE_SYSTEMD") == "1"
@@ -363,6 +364,31 @@ def test_systemd_analyze_verify(systemd_analyze: str, tmp_path: Path, path: Path
     assert verify(systemd_analyze, unit) == []
 
 
+def with_jetson_dropin(text: str) -> str:
+    """The agent's unit as systemd reads it with 20-jetson.conf (its [Service] lines last)."""
+    dropin = JETSON.read_text().split("[Service]\n", 1)[1]
+    return text.replace("\n[Install]", "\n" + dropin + "\n[Install]", 1)
+
+
+def test_systemd_analyze_verify_on_a_jetson(systemd_analyze: str, tmp_path: Path) -> None:
+    unit = verifiable_copy(AGENT, tmp_path, with_jetson_dropin)
+    assert "AmbientCapabilities=CAP_DAC_READ_SEARCH" in unit.read_text()
+    assert verify(systemd_analyze, unit) == []
+
+
+def test_the_jetson_dropin_adds_one_read_capability_only() -> None:
+    lines = [
+        line
+        for line in JETSON.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines == [
+        "[Service]",
+        "AmbientCapabilities=CAP_DAC_READ_SEARCH",
+        "CapabilityBoundingSet=CAP_DAC_READ_SEARCH",
+    ]
+
+
 def test_verify_harness_reports_problems(systemd_analyze: str, tmp_path: Path) -> None:
     """Negative control: a misspelt key and a bad value in the same unit are reported."""
 
@@ -377,16 +403,16 @@ def test_verify_harness_reports_problems(systemd_analyze: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    ("path", "ceiling"),
-    [(AGENT, 2.5), (GATEWAY, 2.0), (SIGNER, 1.5)],
-    ids=["agent", "gw", "signer"],
+    ("path", "ceiling", "jetson"),
+    [(AGENT, 2.5, False), (AGENT, 3.0, True), (GATEWAY, 2.0, False), (SIGNER, 1.5, False)],
+    ids=["agent", "agent-on-jetson", "gw", "signer"],
 )
 def test_systemd_analyze_security_exposure(
-    systemd_analyze: str, tmp_path: Path, path: Path, ceiling: float
+    systemd_analyze: str, tmp_path: Path, path: Path, ceiling: float, jetson: bool
 ) -> None:
     """A guard against hardening regressions: systemd's own exposure score (0 best,
-    10 worst) of the units as shipped."""
-    unit = verifiable_copy(path, tmp_path)
+    10 worst) of the units as shipped (the agent's with the Jetson drop-in too)."""
+    unit = verifiable_copy(path, tmp_path, with_jetson_dropin if jetson else str)
     proc = subprocess.run(
         [systemd_analyze, "security", "--offline=true", "--no-pager", str(unit)],
         capture_output=True,
