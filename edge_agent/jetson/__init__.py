@@ -16,7 +16,9 @@ a board without a rail or with debugfs closed still gives the rest. docs/jetson.
 each path, its unit and where its meaning was learnt.
 
 - :mod:`~edge_agent.jetson.collector`: the device collector on them, behind the same seam
-  as NVML's (:class:`edge_agent.collect.DeviceSource`).
+  as NVML's (:class:`edge_agent.collect.DeviceSource`);
+- :mod:`~edge_agent.jetson.processes`: nvmap's clients as per-process GPU memory,
+  attributed to containers and pods as on any node.
 
-The pipeline does not choose it yet (``[gpu] backend`` is the next step of issue 28).
+:func:`edge_agent.pipeline.open_backend` chooses this backend (``[gpu] backend``).
 """
