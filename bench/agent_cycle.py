@@ -30,8 +30,9 @@ import pynvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edge_agent.backend import Backend
 from edge_agent.config import load
-from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.pipeline import build_pipeline
 from edge_agent.sim import host as simhost
 from edge_agent.sim.nvml import SimulatedNvml
 from gpurelay.model import SampleSink

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from edge_agent import __version__, http_server
+from edge_agent.backend import open_backend
 from edge_agent.config import AgentConfig
 from edge_agent.errors import AgentError
 from edge_agent.httpd import HttpServer
 from edge_agent.outbox import Outbox
-from edge_agent.pipeline import Pipeline, build_pipeline, open_backend
+from edge_agent.pipeline import Pipeline, build_pipeline
 from edge_agent.spool import Spool, SpoolLimits
 from edge_agent.tunnel import Tunnel
 from edge_agent.tunnel_types import PublishedEndpoint

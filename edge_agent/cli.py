@@ -155,7 +155,8 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
 
 
 def _once(cfg: AgentConfig, fmt: str) -> None:
-    from edge_agent.pipeline import build_pipeline, open_backend
+    from edge_agent.backend import open_backend
+    from edge_agent.pipeline import build_pipeline
 
     pipeline = build_pipeline(open_backend(cfg))
     try:

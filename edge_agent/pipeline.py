@@ -1,29 +1,25 @@
-"""What a collection needs, opened at startup and closed at shutdown: the backend (real
-NVML, a Jetson's kernel files, or a simulator of either, said loudly) and the pipeline
-built on it (GPU enumeration, XID watcher, attribution, the device, process and allocation
-collectors, and the deadline guard they share).
-
-``[gpu] backend`` chooses: ``nvml``, ``jetson``, or ``auto`` (:func:`open_backend`).
+"""What a collection needs, built at startup on the backend :mod:`edge_agent.backend`
+opened, and closed at shutdown: GPU enumeration, XID watcher, attribution, the device,
+process and allocation collectors, and the deadline guard they share (NVML's), or a
+Jetson's device and process collectors.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from edge_agent.attribute import Attributor
 from edge_agent.attribute.pod_metadata import PodMetadata, api_server_fetch
 from edge_agent.attribute.pod_resources import PodDevices
+from edge_agent.backend import Backend
 from edge_agent.catalog import load_counters
-from edge_agent.collect import Collector
+from edge_agent.collect import Collector, DeviceSource, ProcessSource
 from edge_agent.collect_alloc import AllocationCollector
 from edge_agent.collect_device import DeviceCollector
 from edge_agent.collect_process import ProcessCollector
@@ -31,27 +27,14 @@ from edge_agent.config import GPU_MEMORY_UNITS_MIB, AgentConfig, resolve_node_na
 from edge_agent.degraded import Degraded
 from edge_agent.errors import ConfigError, NvmlUnavailable
 from edge_agent.jetson.collector import JetsonDeviceCollector
-from edge_agent.jetson.files import JetsonRoots, Missing
-from edge_agent.jetson.gpu import find_gpu
+from edge_agent.jetson.files import JetsonRoots
 from edge_agent.jetson.processes import JetsonProcessCollector
-from edge_agent.nvml.backend import NvmlLib, open_real, text
+from edge_agent.nvml.backend import NvmlLib, text
 from edge_agent.nvml.devices import GpuDevice, enumerate_gpus
 from edge_agent.nvml.guard import GpuGuard
-from edge_agent.sim.profiles import DEFAULT_PROFILE, profile_named
 from edge_agent.xid import XidWatcher
 
 log = logging.getLogger("edge_agent")
-
-JETSON_BANNER = (
-    "*** SIMULATED JETSON: board {board} ({model}), a fake L4T tree at {root}. These values "
-    "are synthetic, not read from a board; "
-    'gpurelay_agent_info{{backend="simulated-jetson"}} says so. ***'
-)
-SIMULATION_BANNER = (
-    "*** SIMULATED GPUs: machine profile {profile} ({summary}), {n} simulated GPU(s), "
-    "seed {seed}{mig}. These values are synthetic, not read from hardware; "
-    'gpurelay_agent_info{{backend="simulated"}} says so. ***'
-)
 
 
 @dataclass
@@ -81,147 +64,6 @@ class Pipeline:
                 self.lib.nvmlShutdown()
         if self.scratch is not None:
             self.scratch.cleanup()
-
-
-@dataclass
-class Backend:
-    lib: NvmlLib | None  # None: a Jetson's files (``jetson``)
-    name: str  # nvml, simulated, jetson, simulated-jetson
-    cfg: AgentConfig  # with attribution paths pointed at the fake host when simulating
-    scratch: tempfile.TemporaryDirectory[str] | None = None
-    on_close: list[Callable[[], None]] = field(default_factory=list)  # the simulated kubelet
-    jetson: JetsonRoots | None = None  # where the Jetson's files are read
-
-
-def open_backend(cfg: AgentConfig) -> Backend:
-    """The backend ``cfg`` asks for (``[gpu] backend``, ``--simulate``), opened."""
-    if cfg.simulate.enabled and cfg.simulate.jetson:
-        return _simulated_jetson(cfg)
-    if cfg.simulate.enabled:
-        return _simulated_nvml(cfg)
-    roots = JetsonRoots.under(cfg.gpu.host_root)
-    if cfg.gpu.backend == "jetson":
-        gpu = find_gpu(roots.sys_root)
-        if isinstance(gpu, Missing):
-            log.warning("gpu.backend is jetson, but %s: GPU load and clock are left out", gpu)
-        return Backend(None, "jetson", cfg, jetson=roots)
-    if cfg.gpu.backend == "nvml":
-        return Backend(open_real(), "nvml", cfg)
-    return _auto(cfg, roots)
-
-
-def _auto(cfg: AgentConfig, roots: JetsonRoots) -> Backend:
-    """NVML, unless this is a Jetson whose NVML lists no GPU but its integrated one (or
-    none): then the Jetson's files, which tell far more (docs/jetson.md)."""
-    gpu = find_gpu(roots.sys_root)
-    if isinstance(gpu, Missing):  # not a Jetson: NVML, or NVML's own error
-        return Backend(open_real(), "nvml", cfg)
-    try:
-        lib = open_real()
-    except NvmlUnavailable as exc:
-        log.info("gpu.backend auto: the Jetson backend (%s; NVML: %s)", gpu.devfreq, exc)
-        return Backend(None, "jetson", cfg, jetson=roots)
-    names = _nvml_names(lib)
-    if names and not all(integrated(n) for n in names):
-        log.info("gpu.backend auto: NVML, which lists %s on this Jetson", ", ".join(names))
-        return Backend(lib, "nvml", cfg)
-    with suppress(Exception):
-        lib.nvmlShutdown()
-    log.info(
-        "gpu.backend auto: the Jetson backend (%s; NVML lists %s)",
-        gpu.devfreq,
-        ", ".join(names) or "no GPU",
-    )
-    return Backend(None, "jetson", cfg, jetson=roots)
-
-
-def integrated(name: str) -> bool:
-    """NVML's name of a Jetson's integrated GPU (JetPack 6 says ``Orin (nvgpu)``)."""
-    return "nvgpu" in name.lower()
-
-
-def _nvml_names(lib: NvmlLib) -> list[str]:
-    try:
-        return [
-            text(lib.nvmlDeviceGetName(lib.nvmlDeviceGetHandleByIndex(i)))
-            for i in range(lib.nvmlDeviceGetCount())
-        ]
-    except Exception as exc:  # an NVML that answers nothing useful: as good as none
-        log.info("gpu.backend auto: NVML cannot list GPUs here (%s)", exc)
-        return []
-
-
-def _simulated_jetson(cfg: AgentConfig) -> Backend:
-    """A fake board's tree (edge_agent.sim.jetson) and a fake host for its nvmap clients."""
-    from edge_agent.sim import host as simhost
-    from edge_agent.sim import jetson as simjetson
-
-    board, seed = cfg.simulate.profile, cfg.simulate.seed
-    scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simjetson-")
-    root = Path(scratch.name)
-    tree = simjetson.build(root, board)
-    if cfg.simulate.fake_host:  # the nvmap clients' /proc/<pid>, in the board's /proc
-        pids = simjetson.client_pids(board)
-        host = simhost.build(root, pids, seed)
-        cfg = dataclasses.replace(
-            cfg, attribution=simhost.attribution_config(host, cfg.attribution)
-        )
-    banner = JETSON_BANNER.format(board=board, model=simjetson.BOARDS[board].model, root=root)
-    _say(cfg, banner)
-    return Backend(
-        None,
-        "simulated-jetson",
-        cfg,
-        scratch,
-        jetson=JetsonRoots(tree.sys_root, tree.proc_root, tree.etc_root, tree.var_root),
-    )
-
-
-def _say(cfg: AgentConfig, banner: str) -> None:
-    if cfg.log_format == "json":  # every line of stderr is then a JSON object
-        log.warning("%s", banner)
-    else:
-        print(banner, file=sys.stderr, flush=True)
-
-
-def _simulated_nvml(cfg: AgentConfig) -> Backend:
-    from edge_agent.sim import host as simhost
-    from edge_agent.sim.nvml import SimulatedNvml
-
-    sim_cfg = cfg.simulate
-    machine = profile_named(sim_cfg.profile or DEFAULT_PROFILE)
-    gpus = sim_cfg.gpus or machine.gpus
-    pids = None
-    scratch = None
-    if sim_cfg.fake_host:
-        scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simhost-")
-        pids = simhost.default_pids(gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
-        host = simhost.build(Path(scratch.name), pids, sim_cfg.seed)
-        attribution = simhost.attribution_config(host, cfg.attribution)
-        cfg = dataclasses.replace(cfg, attribution=attribution)
-    sim = SimulatedNvml(
-        gpus,
-        seed=sim_cfg.seed,
-        mig=sim_cfg.mig,
-        processes_per_gpu=sim_cfg.processes_per_gpu,
-        profile=machine if sim_cfg.profile else None,
-        pids=pids,
-    )
-    sim.nvmlInit()
-    stop_kubelet = None
-    if sim_cfg.fake_host:
-        from edge_agent.sim import kubelet as simkubelet
-
-        cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
-    mig_gpus = sim.profile.mig_gpus
-    mig = f", MIG on GPU {', '.join(map(str, mig_gpus))}" if mig_gpus else ""
-    banner = SIMULATION_BANNER.format(
-        profile=machine.name, summary=machine.summary, n=gpus, seed=sim_cfg.seed, mig=mig
-    )
-    _say(cfg, banner)
-    if scratch is not None:
-        log.info("simulated processes live in a fake host tree at %s", scratch.name)
-    return Backend(sim, "simulated", cfg, scratch, [stop_kubelet] if stop_kubelet else [])
 
 
 def build_pipeline(
@@ -281,16 +123,14 @@ def build_pipeline(
         )
     if metadata is not None:
         process.pod_metadata = metadata.labels
-    collection = Collector(
-        node=node,
-        node_label=cfg.node_label,
+    collection = _collection(
+        cfg,
+        node,
         backend=backend,
         device=device,
         process=process,
-        attribution_errors=lambda: dict(attributor.errors()),
-        process_interval=cfg.process_interval_seconds,
-        clock=clock,
-        timer=timer,
+        attributor=attributor,
+        clocks=(clock, timer),
         alloc=alloc,
     )
     log.info(
@@ -308,6 +148,32 @@ def build_pipeline(
     ]
     return Pipeline(
         node, backend, lib, collection, xid, attributor, driver, backend_.scratch, on_close
+    )
+
+
+def _collection(
+    cfg: AgentConfig,
+    node: str,
+    *,
+    backend: str,
+    device: DeviceSource,
+    process: ProcessSource,
+    attributor: Attributor,
+    clocks: tuple[Callable[[], float], Callable[[], float]],
+    alloc: AllocationCollector | None = None,
+) -> Collector:
+    clock, timer = clocks
+    return Collector(
+        node=node,
+        node_label=cfg.node_label,
+        backend=backend,
+        device=device,
+        process=process,
+        attribution_errors=lambda: dict(attributor.errors()),
+        process_interval=cfg.process_interval_seconds,
+        clock=clock,
+        timer=timer,
+        alloc=alloc,
     )
 
 
@@ -355,16 +221,14 @@ def _jetson_pipeline(
     metadata = _pod_metadata(cfg, node)
     if metadata is not None:
         process.pod_metadata = metadata.labels
-    collection = Collector(
-        node=node,
-        node_label=cfg.node_label,
+    collection = _collection(
+        cfg,
+        node,
         backend=backend_.name,
         device=device,
         process=process,
-        attribution_errors=lambda: dict(attributor.errors()),
-        process_interval=cfg.process_interval_seconds,
-        clock=clock,
-        timer=timer,
+        attributor=attributor,
+        clocks=(clock, timer),
     )
     b = device.board
     log.info(

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from edge_agent.backend import Backend
 from edge_agent.config import AgentConfig, load
-from edge_agent.pipeline import Backend, Pipeline, build_pipeline
+from edge_agent.pipeline import Pipeline, build_pipeline
 from edge_agent.sim import host as simhost
 from edge_agent.sim import kubelet as simkubelet
 from edge_agent.sim.nvml import SimulatedNvml

@@ -4,7 +4,12 @@
 # root filesystem is a Debian minbase with python3, the venv is installed offline from
 # wheels downloaded here with the versions of constraints.txt. See deploy/images/README.md.
 #
-#   sudo deploy/images/build.sh [--out DIR] [--cache DIR]
+#   sudo deploy/images/build.sh [--out DIR] [--cache DIR] [--arch ARCH]
+#
+# --arch arm64 on an amd64 machine (a Jetson's image, docs/jetson.md) runs the image's
+# own binaries (debootstrap's second stage, python3, pip) through qemu-user: it needs the
+# Debian packages qemu-user-static and binfmt-support, with the handler registered
+# (update-binfmts --enable qemu-aarch64). The archives are then NAME-VERSION-ARCH.tar.
 #
 # Needs root (debootstrap and chroot), buildah, debootstrap, a Python with pip (PYTHON,
 # default .venv/bin/python, else python3), and deb.debian.org and PyPI (or the mirrors in
@@ -31,12 +36,14 @@ PACKAGES=python3,python3-venv,ca-certificates
 
 usage() {
     cat <<EOF
-usage: $0 [--out DIR] [--cache DIR]
+usage: $0 [--out DIR] [--cache DIR] [--arch ARCH]
 
   --out DIR    where the OCI archives go (default build/images; env OUT):
                cloud-gateway-VERSION.tar and edge-agent-VERSION.tar
   --cache DIR  keep the debootstrapped root filesystem here as a tar and reuse it
                (env EDGE_GPU_RELAY_IMAGE_CACHE; default DIR/cache of --out)
+  --arch ARCH  a Debian architecture (arm64, amd64); default this machine's (env ARCH).
+               Another one runs through qemu-user: qemu-user-static, binfmt-support
 
 Environment: PYTHON (runs pip on this machine), SUITE (Debian suite, default bookworm),
 DEBIAN_MIRROR, IMAGE_PREFIX (default ghcr.io/edge-gpu-relay), SOURCE_URL.
@@ -54,6 +61,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --out) OUT=$2; shift 2 ;;
         --cache) CACHE=$2; shift 2 ;;
+        --arch) ARCH=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -96,7 +104,20 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT  # the EXIT trap cleans up
 
 started=$SECONDS
-arch=$(dpkg --print-architecture 2>/dev/null || uname -m)
+host_arch=$(dpkg --print-architecture 2>/dev/null || uname -m)
+arch=${ARCH:-$host_arch}
+suffix=""
+if [ "$arch" != "$host_arch" ]; then
+    suffix="-$arch"
+    case $arch in
+        arm64) qemu=aarch64 ;;
+        armhf) qemu=arm ;;
+        amd64) qemu=x86_64 ;;
+        *) qemu=$arch ;;
+    esac
+    grep -qx enabled "/proc/sys/fs/binfmt_misc/qemu-$qemu" 2>/dev/null ||
+        die "--arch $arch on $host_arch runs the image's binaries through qemu-user, and no qemu-$qemu handler is registered: apt-get install qemu-user-static binfmt-support, then update-binfmts --enable qemu-$qemu (binfmt_misc mounted)"
+fi
 
 # 1. The root filesystem: debootstrap minbase once, kept as a tar in the cache.
 base="$CACHE/debian-$SUITE-$arch-minbase-${PACKAGES//,/-}.tar"
@@ -194,7 +215,7 @@ common=(--os linux --arch "$arch" --workingdir /
     --label "org.opencontainers.image.base.name=debian:$SUITE (debootstrap --variant=minbase)")
 
 commit() { # NAME: the container's current config as OUT/NAME-VERSION.tar
-    local archive="$OUT/$1-$version.tar"
+    local archive="$OUT/$1-$version$suffix.tar"
     rm -f "$archive"
     "${BUILDAH[@]}" commit --quiet --format oci --disable-compression=false --rm=false "$CONTAINER" \
         "oci-archive:$archive:$IMAGE_PREFIX/$1:$version" >/dev/null

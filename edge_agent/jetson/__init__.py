@@ -20,5 +20,5 @@ each path, its unit and where its meaning was learnt.
 - :mod:`~edge_agent.jetson.processes`: nvmap's clients as per-process GPU memory,
   attributed to containers and pods as on any node.
 
-:func:`edge_agent.pipeline.open_backend` chooses this backend (``[gpu] backend``).
+:func:`edge_agent.backend.open_backend` chooses this backend (``[gpu] backend``).
 """

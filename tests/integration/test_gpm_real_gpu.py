@@ -15,11 +15,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from edge_agent.backend import Backend
 from edge_agent.config import load
 from edge_agent.nvml.backend import open_real
 from edge_agent.nvml.devices import enumerate_gpus
 from edge_agent.nvml.gpm import GpmStream, unsupported_reason
-from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.pipeline import build_pipeline
 
 pytestmark = pytest.mark.gpu
 

@@ -73,6 +73,7 @@ class Image:
     manifest: dict[str, Any]
     config: dict[str, Any]  # the OCI image config's "config" object
     ref_name: str
+    architecture: str = ""  # the OCI image config's
 
     @property
     def env(self) -> dict[str, str]:
@@ -138,6 +139,7 @@ def unpack(archive: Path, dest: Path) -> Image:
         manifest=manifest,
         config=config["config"],
         ref_name=entry["annotations"]["org.opencontainers.image.ref.name"],
+        architecture=config.get("architecture", ""),
     )
 
 
@@ -684,3 +686,63 @@ def test_agent_image_runs_under_runc(
         [*runc, "list", "--quiet"], capture_output=True, text=True, timeout=30, check=True
     )
     assert left.stdout.split() == [], "the container is gone"
+
+
+# --- arm64, for Jetsons (docs/jetson.md), built on this machine through qemu-user -----------
+
+QEMU_AARCH64 = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+ELF_MACHINE_AARCH64 = 183  # e_machine of an AArch64 ELF binary
+
+
+def _host_arch() -> str:
+    return subprocess.run(
+        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def arm64_images(builds: Builds) -> dict[str, Image]:
+    """Both images for arm64 (build.sh --arch arm64): natively on an arm64 machine, else
+    through qemu-user, which needs a registered qemu-aarch64 binfmt handler (skips without
+    one; fails instead under EDGE_GPU_RELAY_REQUIRE_QEMU=1, as in CI)."""
+    native = _host_arch() == "arm64"
+    if not native:
+        enabled = QEMU_AARCH64.exists() and QEMU_AARCH64.read_text().startswith("enabled")
+        if not enabled:
+            msg = (
+                "no qemu-aarch64 binfmt handler (Debian: qemu-user-static binfmt-support, "
+                "update-binfmts --enable qemu-aarch64)"
+            )
+            if os.environ.get("EDGE_GPU_RELAY_REQUIRE_QEMU") == "1":
+                pytest.fail(msg + "; EDGE_GPU_RELAY_REQUIRE_QEMU=1 makes this a failure")
+            pytest.skip(msg)
+    out = builds.tmp / "out-arm64"
+    started = time.monotonic()
+    build = builds.run(out, ARCH="arm64")
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    print(f"build.sh --arch arm64: {time.monotonic() - started:.0f} s\n{build.stdout}")
+    suffix = "" if native else "-arm64"
+    version = installed_version()
+    return {
+        name: unpack(out / f"{name}-{version}{suffix}.tar", builds.tmp / f"{name}-arm64")
+        for name in ("cloud-gateway", "edge-agent")
+    }
+
+
+def test_the_arm64_agent_image_collects_a_jetson(arm64_images: dict[str, Image]) -> None:
+    """The image a Jetson runs (deploy/kubernetes/edge-agent-jetson.yaml): arm64 through
+    and through, and its agent collects a (simulated) Orin, promtool-clean."""
+    agent, gateway = arm64_images["edge-agent"], arm64_images["cloud-gateway"]
+    assert agent.architecture == gateway.architecture == "arm64"
+    python = agent.rootfs / "usr" / "bin" / "python3.11"
+    header = python.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF"
+    assert int.from_bytes(header[18:20], "little") == ELF_MACHINE_AARCH64
+    out = agent.run("once", "--simulate", "jetson-orin", "--node-name", "orin-arm64")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SIMULATED JETSON" in out.stderr and "Traceback" not in out.stderr
+    series = {f.name for f in text_string_to_metric_families(out.stdout)}
+    assert {"DCGM_FI_DEV_GPU_UTIL", "gpurelay_jetson_rail_power_watts"} <= series
+    assert 'backend="simulated-jetson"' in out.stdout
+    version = gateway.run("--version")
+    assert version.returncode == 0 and version.stdout.strip().endswith(installed_version())

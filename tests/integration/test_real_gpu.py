@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from edge_agent.backend import Backend
 from edge_agent.config import load
 from edge_agent.nvml.backend import open_real
-from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.pipeline import build_pipeline
 from gpurelay.exposition import render_text
 
 pytestmark = pytest.mark.gpu

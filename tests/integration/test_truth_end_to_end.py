@@ -509,6 +509,18 @@ def total(values: Iterable[float]) -> float | None:
     return sum(v) if v else None
 
 
+def jetson(c: Context, family: str, label: str) -> Want:
+    """A Jetson's series of ``family`` by its own ``label`` (none on an NVML node)."""
+    return Want(
+        (label,),
+        {
+            tuple(v for _, v in own): value
+            for (name, own), value in c.t.extra.items()
+            if name == family
+        },
+    )
+
+
 def count(n: int) -> Want:
     return scalar(float(n) if n else None)  # count() of nothing is no answer
 
@@ -587,6 +599,21 @@ PANELS: dict[tuple[str, str, str], Callable[[Context], Want] | None] = {
     (NODE, "GPU memory by container", "A"): lambda c: per_container(c, "MEM"),
     (NODE, "GPU processes [table]", "A"): lambda c: per_process(c, "MEM"),
     (NODE, "GPU processes [table]", "B"): lambda c: per_process(c, "SM"),
+    (NODE, "Power rails", "A"): lambda c: jetson(c, "gpurelay_jetson_rail_power_watts", "rail"),
+    (NODE, "Board temperatures", "A"): lambda c: jetson(
+        c, "gpurelay_jetson_temperature_celsius", "zone"
+    ),
+    (NODE, "Memory controller (EMC) utilisation", "A"): lambda c: Want(
+        ("UUID",),
+        {
+            (d.uuid,): v
+            for d in c.t.whole()
+            if (v := c.t.extra.get(("gpurelay_jetson_emc_utilization_ratio", ()))) is not None
+        },
+    ),
+    (NODE, "Power mode", "A"): lambda c: Want(
+        ("mode_id", "mode", "source"), {k: 1.0 for k in c.t.power_mode}
+    ),
     (NODE, "Spooled batches", "A"): NO_SOURCE,
     (NODE, "Spool size", "A"): NO_SOURCE,
     (NODE, "Oldest spooled batch", "A"): NO_SOURCE,

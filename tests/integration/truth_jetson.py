@@ -82,7 +82,18 @@ def read_board_truth(
     }
     if naming == "4.9":
         device = Device("0", WHOLE, uuid, "", _as49(spec, fields, used_kb), device.memory_bytes)
-    return NodeTruth(node, board, 1, {("0", WHOLE): device}, processes, "simulated-jetson", extra)
+    modes = dict(spec.power_modes)
+    mode, source = (spec.default_mode, "default") if spec.pmode is None else (spec.pmode, "status")
+    return NodeTruth(
+        node,
+        board,
+        1,
+        {("0", WHOLE): device},
+        processes,
+        "simulated-jetson",
+        extra,
+        ((str(mode), modes.get(mode, ""), source),) if spec.power_modes else (),
+    )
 
 
 def _as49(spec: BoardSpec, fields: dict[str, float], used_kb: int | None) -> dict[str, float]:

@@ -119,6 +119,8 @@ class NodeTruth:
     # other series of the node than DCGM_* (a Jetson's gpurelay_jetson_*): (name, labels
     # that tell its series apart) -> value
     extra: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+    # a Jetson's nvpmodel mode: (mode_id, mode, source)
+    power_mode: tuple[tuple[str, str, str], ...] = ()
 
     def whole(self) -> list[Device]:
         return [d for (_, gi), d in sorted(self.devices.items()) if gi == WHOLE]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from edge_agent import backend as backends
 from edge_agent import cli, pipeline
 from edge_agent.config import AgentConfig, GpuConfig, SimulateConfig, load
 from edge_agent.errors import ConfigError, NvmlUnavailable
@@ -101,8 +102,8 @@ def test_auto_chooses_jetson_on_a_board_unless_nvml_has_a_discrete_gpu(
             raise NvmlUnavailable("libnvidia-ml.so.1: cannot open shared object file")
         return fake
 
-    monkeypatch.setattr(pipeline, "open_real", open_real)
-    backend = pipeline.open_backend(host_cfg(tmp_path))
+    monkeypatch.setattr(backends, "open_real", open_real)
+    backend = backends.open_backend(host_cfg(tmp_path))
     assert backend.name == chosen
     assert (backend.lib is fake) == (chosen == "nvml")
     assert fake.shut == (chosen == "jetson" and names is not None)  # NVML let go
@@ -116,9 +117,9 @@ def test_auto_off_a_jetson_is_nvml_and_its_error(
     def open_real() -> Any:
         raise NvmlUnavailable("NVML Shared Library Not Found")
 
-    monkeypatch.setattr(pipeline, "open_real", open_real)
+    monkeypatch.setattr(backends, "open_real", open_real)
     with pytest.raises(NvmlUnavailable, match="Not Found"):
-        pipeline.open_backend(host_cfg(tmp_path))  # an empty root: no GPU devfreq node
+        backends.open_backend(host_cfg(tmp_path))  # an empty root: no GPU devfreq node
 
 
 def test_backend_is_validated(tmp_path: Path) -> None:
@@ -151,7 +152,7 @@ def test_a_hosts_jetson_files_through_the_pipeline(tmp_path: Path) -> None:
     host = simhost.build(tmp_path, pids)
     cfg = host_cfg(tmp_path, "jetson")
     cfg = dataclasses.replace(cfg, attribution=simhost.attribution_config(host, cfg.attribution))
-    p = pipeline.build_pipeline(pipeline.open_backend(cfg))
+    p = pipeline.build_pipeline(backends.open_backend(cfg))
     try:
         snap = p.collection.collect()
     finally:
@@ -179,7 +180,7 @@ def test_a_hosts_jetson_files_through_the_pipeline(tmp_path: Path) -> None:
 def test_without_debugfs_processes_are_degraded_not_guessed(tmp_path: Path) -> None:
     tree = build(tmp_path, "jetson-orin")
     shutil.rmtree(tree.sys_root / "kernel" / "debug")  # not mounted, or the agent not root
-    p = pipeline.build_pipeline(pipeline.open_backend(host_cfg(tmp_path, "jetson")))
+    p = pipeline.build_pipeline(backends.open_backend(host_cfg(tmp_path, "jetson")))
     try:
         snap = p.collection.collect()
     finally:
@@ -194,7 +195,7 @@ def test_simulated_jetson_is_labelled_and_cleans_up(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = AgentConfig(node_name=NODE, simulate=SimulateConfig(profile="jetson-orin-nano"))
-    p = pipeline.build_pipeline(pipeline.open_backend(cfg))
+    p = pipeline.build_pipeline(backends.open_backend(cfg))
     scratch = Path(p.scratch.name) if p.scratch else None
     try:
         snap = p.collection.collect()
@@ -213,7 +214,7 @@ def test_dcgm_49_names_on_a_jetson_are_exact(tmp_path: Path) -> None:
     spec = BOARDS["jetson-orin"]
     build(tmp_path, "jetson-orin")
     cfg = dataclasses.replace(host_cfg(tmp_path, "jetson"), dcgm_naming="4.9")
-    p = pipeline.build_pipeline(pipeline.open_backend(cfg))
+    p = pipeline.build_pipeline(backends.open_backend(cfg))
     try:
         snap = p.collection.collect()
     finally:

@@ -97,7 +97,8 @@ _AGENT_BUILDS_AND_COLLECTS = """
 import dataclasses, sys
 from pathlib import Path
 from edge_agent.sim import host as simhost, kubelet as simkubelet
-from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.backend import Backend
+from edge_agent.pipeline import build_pipeline
 from edge_agent.config import load
 from edge_agent.sim.nvml import SimulatedNvml
 

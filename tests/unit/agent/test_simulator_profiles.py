@@ -16,10 +16,10 @@ import pynvml
 import pytest
 
 from edge_agent import cli
+from edge_agent.backend import open_backend
 from edge_agent.config import SimulateConfig, load
 from edge_agent.errors import ConfigError
 from edge_agent.nvml.devices import enumerate_gpus
-from edge_agent.pipeline import open_backend
 from edge_agent.sim.nvml import SimulatedNvml
 from edge_agent.sim.profiles import PROFILES
 from harness.pipeline import FakeClock

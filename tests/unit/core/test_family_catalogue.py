@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 import edge_agent
+from edge_agent.backend import Backend
 from edge_agent.catalog import load_counters, parse_counters
 from edge_agent.config import load
 from edge_agent.fields import LABEL_SOURCES, SOURCES
-from edge_agent.pipeline import Backend, build_pipeline
+from edge_agent.pipeline import build_pipeline
 from edge_agent.sim.nvml import SimulatedNvml
 from edge_agent.sim.profiles import PROFILES
 from gpurelay.families import CatalogueError, catalogue, known, parse_catalogue

@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from edge_agent import pipeline
+from edge_agent.backend import open_backend
 from edge_agent.sim import host as simhost
 from edge_agent.sim.jetson import build, client_pids
 from tests.unit.deploy.test_kubernetes_manifests import (
@@ -92,7 +93,7 @@ def test_the_pods_config_collects_a_board(tmp_path: Path) -> None:
         gateway=dataclasses.replace(cfg.gateway, address=""),  # collect only
         node_name=NODE,  # KUBE_NODE_NAME in the pod (test_kubernetes_manifests.py)
     )
-    p = pipeline.build_pipeline(pipeline.open_backend(cfg))
+    p = pipeline.build_pipeline(open_backend(cfg))
     try:
         snap = p.collection.collect()
     finally:
