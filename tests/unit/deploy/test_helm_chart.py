@@ -119,6 +119,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "gateway on a cluster IP": {"gateway": {"sshService": {"type": "ClusterIP"}}},
     "BIE collector too": {"bie": {"enabled": True}},
+    "Jetson agents too": {"jetson": {"enabled": True}},
+    "Jetson agents only": {"jetson": {"enabled": True}, "agent": {"enabled": False}},
 }
 
 
@@ -241,6 +243,25 @@ def test_bie_renders_the_raw_bie_manifest() -> None:
     }
     assert by_key(render(only_bie)) == by_key(raw("bie-accelerator-metrics.yaml"))
     assert not [d for d in render() if d["metadata"].get("namespace") == "baetyl-edge-system"]
+
+
+@pytest.mark.parametrize("with_nvml_agent", [True, False])
+def test_jetson_renders_the_raw_jetson_manifest(with_nvml_agent: bool) -> None:
+    """jetson.enabled: the objects of deploy/kubernetes/edge-agent-jetson.yaml, beside the
+    NVML agent's (sharing its namespace and service account) or alone."""
+    values = {
+        "jetson": {"enabled": True},
+        "agent": {"enabled": with_nvml_agent},
+        "gateway": {"enabled": False},
+        "prometheusRule": {"enabled": False},
+    }
+    rendered = by_key(render(values))
+    expected = by_key(raw("edge-agent-jetson.yaml"))
+    for key, doc in expected.items():
+        assert rendered[key] == doc, f"{key} differs from deploy/kubernetes/"
+    nvml = {("DaemonSet", "edge-agent"), ("ConfigMap", "edge-agent-config")}
+    assert set(rendered) == set(expected) | (nvml if with_nvml_agent else set())
+    assert ("DaemonSet", "edge-agent-jetson") not in by_key(render())
 
 
 def test_cluster_values_reach_the_objects() -> None:
