@@ -157,6 +157,45 @@ def test_once_formats(fmt: str) -> None:
         assert json.loads(proc.stdout)["n1"]["deviceNum"] == 1
 
 
+@pytest.mark.parametrize("board", ["jetson-orin", "jetson-orin-nano", "jetson-xavier"])
+def test_once_on_a_simulated_jetson(board: str, promtool: Path) -> None:
+    """Issue 28's "done when": the Jetson's series, promtool-clean, and BIE's memory as
+    docs/jetson.md defines it (nvmap's use of the board's RAM, in bytes)."""
+    from edge_agent.sim.jetson import BOARDS
+
+    spec = BOARDS[board]
+    text = run_module("edge_agent", "once", "--simulate", board, "--node-name", "j1")
+    assert text.returncode == 0, text.stderr
+    assert f"SIMULATED JETSON: board {board}" in text.stderr
+    assert unexpected_findings(promtool, text.stdout.encode()) == []
+    for name in (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_FB_USED",
+        "gpurelay_jetson_board_info",
+        "gpurelay_jetson_power_mode_info",
+        "gpurelay_jetson_emc_clock_hertz",
+        "gpurelay_jetson_temperature_celsius",
+        "gpurelay_jetson_rail_power_watts",
+        "DCGM_CUSTOM_PROCESS_MEM_USED",
+    ):
+        assert f"\n{name}{{" in text.stdout, name
+    bie = run_module(
+        "edge_agent", "once", "--simulate", board, "--format", "bie", "--node-name", "j1"
+    )
+    assert bie.returncode == 0, bie.stderr
+    node = json.loads(bie.stdout)["j1"]
+    used_kb = spec.nvmap_used_kb or sum(kb for *_, kb in spec.nvmap_clients)
+    assert node["devices"] == [
+        {
+            "usedMemory": used_kb * 1024,
+            "totalMemory": spec.mem_total_kb * 1024,
+            "percent": used_kb / spec.mem_total_kb,
+        }
+    ]
+
+
 def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "a.toml"
     cfg.write_text("listen = 5\n")
