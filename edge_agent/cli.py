@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent import __version__
-from edge_agent.config import AgentConfig, SimulateConfig, load, resolve_node_name
+from edge_agent.config import AgentConfig, SimulateConfig, load, resolve_node_name, validate
 from edge_agent.errors import AgentError, ConfigError
 from gpurelay import logs
 from gpurelay.bie import collect_document
@@ -139,7 +139,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         changes["interval_seconds"] = args.interval
     if getattr(args, "process_interval", None):
         changes["process_interval_seconds"] = args.process_interval
-    return dataclasses.replace(cfg, **changes)
+    return validate(dataclasses.replace(cfg, **changes))
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:

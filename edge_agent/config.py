@@ -409,6 +409,27 @@ def _validate_profile(name: str) -> None:
         )
 
 
+def validate(cfg: AgentConfig) -> AgentConfig:
+    """``cfg`` checked as :func:`load` checks a file's (for one changed by the command line)."""
+    try:
+        _validate(cfg)
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from exc
+    return cfg
+
+
+def _validate_simulated_jetson(sim: SimulateConfig) -> None:
+    if sim.gpus > 1:
+        raise ConfigError(
+            f"simulate: a Jetson ({sim.profile}) has one integrated GPU, not {sim.gpus}"
+        )
+    if sim.mig or sim.pod_resources:
+        raise ConfigError(
+            f"simulate: a Jetson ({sim.profile}) has no MIG and no device-plugin allocation "
+            "to simulate (simulate.mig, simulate.pod_resources are for NVML profiles)"
+        )
+
+
 def _validate(cfg: AgentConfig) -> None:
     split_host_port(cfg.listen)
     cfg.web_config()  # a bad file is an error at load, not at the first scrape
@@ -423,11 +444,8 @@ def _validate(cfg: AgentConfig) -> None:
         raise ConfigError("simulate.gpus must be between 0 and 64")
     if cfg.simulate.profile:
         _validate_profile(cfg.simulate.profile)
-    if cfg.simulate.jetson and cfg.simulate.gpus > 1:
-        raise ConfigError(
-            f"simulate: a Jetson ({cfg.simulate.profile}) has one integrated GPU, "
-            f"not {cfg.simulate.gpus}"
-        )
+    if cfg.simulate.jetson:
+        _validate_simulated_jetson(cfg.simulate)
     if cfg.gpu.backend not in GPU_BACKENDS:
         raise ConfigError(
             f"gpu.backend must be one of {', '.join(GPU_BACKENDS)}, not {cfg.gpu.backend!r}"

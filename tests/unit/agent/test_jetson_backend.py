@@ -139,6 +139,10 @@ def test_simulate_names_a_board_with_one_gpu() -> None:
         cli._config(parse(["once", "--simulate", "jetson-orin:2"]))
     with pytest.raises(ConfigError, match="jetson-orin-nano"):  # the known list
         cli._config(parse(["once", "--simulate", "jetson-tx2"]))
+    for nvml_only in (["--simulate-mig"], ["--simulate-pod-resources", "nvidia"]):
+        args = parse(["once", "--simulate", "jetson-orin", *nvml_only])
+        with pytest.raises(ConfigError, match="no MIG and no device-plugin allocation"):
+            cli._config(args)
 
 
 # -- the whole pipeline -------------------------------------------------------------------
