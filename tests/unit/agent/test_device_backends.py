@@ -1,5 +1,6 @@
-"""The device backend seam (issue 28): NVML's collector (on the simulator) and the Jetson's
-(on fake board trees) behind one contract, :class:`edge_agent.collect.DeviceSource`.
+"""The device backend seam (issue 28): NVML's collector (on real NVML where there is a GPU,
+and on the simulator) and the Jetson's (on fake board trees) behind one contract,
+:class:`edge_agent.collect.DeviceSource`.
 
 Each backend, run by the same :class:`~edge_agent.collect.Collector`, must:
 
@@ -23,9 +24,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from edge_agent.backend import Backend
 from edge_agent.collect import Collector
+from edge_agent.config import AgentConfig
 from edge_agent.jetson.board import read_board
 from edge_agent.jetson.collector import JetsonDeviceCollector, gpu_uuid
+from edge_agent.nvml.backend import open_real
+from edge_agent.pipeline import build_pipeline
 from edge_agent.sim.jetson import BOARDS, build
 from gpurelay.bie import collect_document
 from gpurelay.exposition import render_text
@@ -34,7 +39,8 @@ from gpurelay.model import MIB, Snapshot
 from harness.pipeline import make_pipeline
 
 NODE = "edge-node-1"
-BACKENDS = ["nvml-simulator", *sorted(BOARDS)]
+# real NVML where this machine has a GPU (the gpu mark: skipped, with the reason, elsewhere)
+BACKENDS = [pytest.param("nvml", marks=pytest.mark.gpu), "nvml-simulator", *sorted(BOARDS)]
 
 
 def jetson_collector(root: Path, board: str) -> Collector:
@@ -47,7 +53,13 @@ def jetson_collector(root: Path, board: str) -> Collector:
 
 @contextmanager
 def backend(name: str, tmp_path: Path) -> Iterator[Collector]:
-    if name == "nvml-simulator":
+    if name == "nvml":
+        real = build_pipeline(Backend(open_real(), "nvml", AgentConfig(node_name=NODE)))
+        try:
+            yield real.collection
+        finally:
+            real.close()
+    elif name == "nvml-simulator":
         pipeline, _sim, _clock = make_pipeline(tmp_path, gpus=2)
         try:
             yield pipeline.collection
