@@ -9,7 +9,9 @@ A venv of a real Python 3.10 gets a wheel of this repository and its dependencie
 - ``edge-agent run`` pushes through the SSH tunnel (real asyncssh) to a real gateway on
   3.11, which shows the node's series, and a timeout path (a gateway that never answers
   the TCP handshake's SSH banner) is caught, not a traceback;
-- ``cloud-gateway`` refuses to start with one line (it needs 3.11).
+- ``cloud-gateway`` refuses to start with one line (it needs 3.11);
+- ``deploy/install-edge-agent.sh --python <3.10>`` makes the service's venv on it, the
+  package and its 3.10 dependencies from the index, and checks its config with it.
 
 Python 3.10 comes from ``EDGE_GPU_RELAY_PYTHON310``, ``python3.10`` on PATH, or pyenv's
 versions. Without one the test skips, and fails instead when
@@ -66,15 +68,22 @@ def _python310() -> str:
 
 
 @pytest.fixture(scope="module")
-def py310(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 3.10 venv with this repository installed (a wheel built from a copy) and what pip
-    resolves for it on 3.10; its ``bin`` directory."""
-    python = _python310()
+def src310(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of what the wheel holds (the checkout stays untouched by the builds)."""
     src = tmp_path_factory.mktemp("src310")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     for package in ("gpurelay", "edge_agent", "cloud_gateway"):
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+@pytest.fixture(scope="module")
+def py310(src310: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3.10 venv with this repository installed (a wheel built from a copy) and what pip
+    resolves for it on 3.10; its ``bin`` directory."""
+    python = _python310()
+    src = src310
     venv = tmp_path_factory.mktemp("venv310")
     subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
     proc = subprocess.run(
@@ -216,3 +225,66 @@ directory = "{tmp_path / "spool"}"
         for p in procs:
             p.stop()
     assert sys.version_info >= (3, 11)  # the gateway (this side) runs on 3.11
+
+
+def test_the_installer_makes_the_services_venv_on_python310(src310: Path, tmp_path: Path) -> None:
+    """JetPack 6's path: ``--python`` a 3.10 (here a copy of this machine's, where the
+    service could see it: the installer refuses one under /root or /home, which the unit's
+    ProtectHome hides)."""
+    python = Path(_python310())
+    prefix = Path(
+        subprocess.run(
+            [str(python), "-c", "import os, sys; print(os.path.realpath(sys.base_prefix))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    if str(prefix).startswith(("/root/", "/home/")):
+        copy = tmp_path / "python3.10"
+        shutil.copytree(prefix, copy, symlinks=True)
+        python = copy / python.resolve().relative_to(prefix)
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(wheels),
+            str(src310),
+        ],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("edge_gpu_relay-*.whl")
+    root = tmp_path / "root"
+    proc = subprocess.run(
+        [
+            "bash",
+            str(REPO / "deploy" / "install-edge-agent.sh"),
+            "--root",
+            str(root),
+            "--node",
+            "orin-nano-1",
+            "--python",
+            str(python),
+            "--source",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    venv = root / "opt" / "edge-gpu-relay" / "venv"
+    assert "created    " in proc.stdout and "Python 3.10" in proc.stdout, proc.stdout
+    version = subprocess.run(
+        [str(venv / "bin" / "edge-agent"), "--version"], capture_output=True, text=True, check=True
+    )
+    assert version.stdout.strip().startswith("edge-agent ")
+    assert list(venv.glob("lib/python3.10/site-packages/tomli*")), "the 3.10 backport"
