@@ -13,14 +13,14 @@ import logging
 import sys
 import tempfile
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.config import AgentConfig
 from edge_agent.errors import NvmlUnavailable
-from edge_agent.jetson.files import JetsonRoots, Missing
-from edge_agent.jetson.gpu import find_gpu
+from edge_agent.jetson.board import read_board
+from edge_agent.jetson.files import JetsonRoots
 from edge_agent.nvml.backend import NvmlLib, open_real, text
 from edge_agent.sim.profiles import DEFAULT_PROFILE, profile_named
 
@@ -47,6 +47,18 @@ class Backend:
     on_close: list[Callable[[], None]] = field(default_factory=list)  # the simulated kubelet
     jetson: JetsonRoots | None = None  # where the Jetson's files are read
 
+    def close(self) -> None:
+        """Give back what opening took (a pipeline that could not be built on it hands it
+        back here; a built one's :meth:`~edge_agent.pipeline.Pipeline.close` does it)."""
+        for close in reversed(self.on_close):
+            with suppress(Exception):
+                close()
+        if self.lib is not None:
+            with suppress(Exception):
+                self.lib.nvmlShutdown()
+        if self.scratch is not None:
+            self.scratch.cleanup()
+
 
 def open_backend(cfg: AgentConfig) -> Backend:
     """The backend ``cfg`` asks for (``[gpu] backend``, ``--simulate``), opened."""
@@ -56,25 +68,40 @@ def open_backend(cfg: AgentConfig) -> Backend:
         return _simulated_nvml(cfg)
     roots = JetsonRoots.under(cfg.gpu.host_root)
     if cfg.gpu.backend == "jetson":
-        gpu = find_gpu(roots.sys_root)
-        if isinstance(gpu, Missing):
-            log.warning("gpu.backend is jetson, but %s: GPU load and clock are left out", gpu)
+        board = jetson_board(roots)
+        if not board:
+            log.warning(
+                "gpu.backend is jetson, but %s shows no L4T release and no Tegra SoC: "
+                "this does not look like a Jetson",
+                cfg.gpu.host_root,
+            )
         return Backend(None, "jetson", cfg, jetson=roots)
     if cfg.gpu.backend == "nvml":
         return Backend(open_real(), "nvml", cfg)
     return _auto(cfg, roots)
 
 
+def jetson_board(roots: JetsonRoots) -> str:
+    """What makes this host a Jetson ("" if nothing does): an L4T release in
+    ``/etc/nv_tegra_release`` or an NVIDIA Tegra SoC in the device tree. Not the GPU's
+    devfreq node: ``gpu`` names Mali and Adreno GPUs' nodes too, and nvgpu (a module on
+    r36) may load after the agent; the collector looks for the node every cycle."""
+    board = read_board(roots.proc_root, roots.etc_root, roots.sys_root)
+    if board.l4t:
+        return f"L4T {board.l4t}"
+    return board.soc if board.soc.startswith("tegra") else ""
+
+
 def _auto(cfg: AgentConfig, roots: JetsonRoots) -> Backend:
     """NVML, unless this is a Jetson whose NVML lists no GPU but its integrated one (or
     none): then the Jetson's files, which tell far more (docs/jetson.md)."""
-    gpu = find_gpu(roots.sys_root)
-    if isinstance(gpu, Missing):  # not a Jetson: NVML, or NVML's own error
+    board = jetson_board(roots)
+    if not board:  # not a Jetson: NVML, or NVML's own error
         return Backend(open_real(), "nvml", cfg)
     try:
         lib = open_real()
     except NvmlUnavailable as exc:
-        log.info("gpu.backend auto: the Jetson backend (%s; NVML: %s)", gpu.devfreq, exc)
+        log.info("gpu.backend auto: the Jetson backend (%s; NVML: %s)", board, exc)
         return Backend(None, "jetson", cfg, jetson=roots)
     names = _nvml_names(lib)
     if names and not all(integrated(n) for n in names):
@@ -84,7 +111,7 @@ def _auto(cfg: AgentConfig, roots: JetsonRoots) -> Backend:
         lib.nvmlShutdown()
     log.info(
         "gpu.backend auto: the Jetson backend (%s; NVML lists %s)",
-        gpu.devfreq,
+        board,
         ", ".join(names) or "no GPU",
     )
     return Backend(None, "jetson", cfg, jetson=roots)
@@ -112,17 +139,20 @@ def _simulated_jetson(cfg: AgentConfig) -> Backend:
     from edge_agent.sim import jetson as simjetson
 
     board, seed = cfg.simulate.profile, cfg.simulate.seed
-    scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simjetson-")
-    root = Path(scratch.name)
-    tree = simjetson.build(root, board)
-    if cfg.simulate.fake_host:  # the nvmap clients' /proc/<pid>, in the board's /proc
-        pids = simjetson.client_pids(board)
-        host = simhost.build(root, pids, seed)
-        cfg = dataclasses.replace(
-            cfg, attribution=simhost.attribution_config(host, cfg.attribution)
-        )
-    banner = JETSON_BANNER.format(board=board, model=simjetson.BOARDS[board].model, root=root)
-    _say(cfg, banner)
+    with ExitStack() as undo:  # a failure on the way leaves no tree behind
+        scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simjetson-")
+        undo.callback(scratch.cleanup)
+        root = Path(scratch.name)
+        tree = simjetson.build(root, board)
+        if cfg.simulate.fake_host:  # the nvmap clients' /proc/<pid>, in the board's /proc
+            pids = simjetson.client_pids(board)
+            host = simhost.build(root, pids, seed)
+            cfg = dataclasses.replace(
+                cfg, attribution=simhost.attribution_config(host, cfg.attribution)
+            )
+        model = simjetson.BOARDS[board].model
+        _say(cfg, JETSON_BANNER.format(board=board, model=model, root=root))
+        undo.pop_all()
     return Backend(
         None,
         "simulated-jetson",
@@ -148,32 +178,38 @@ def _simulated_nvml(cfg: AgentConfig) -> Backend:
     gpus = sim_cfg.gpus or machine.gpus
     pids = None
     scratch = None
-    if sim_cfg.fake_host:
-        scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simhost-")
-        pids = simhost.default_pids(gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
-        host = simhost.build(Path(scratch.name), pids, sim_cfg.seed)
-        attribution = simhost.attribution_config(host, cfg.attribution)
-        cfg = dataclasses.replace(cfg, attribution=attribution)
-    sim = SimulatedNvml(
-        gpus,
-        seed=sim_cfg.seed,
-        mig=sim_cfg.mig,
-        processes_per_gpu=sim_cfg.processes_per_gpu,
-        profile=machine if sim_cfg.profile else None,
-        pids=pids,
-    )
-    sim.nvmlInit()
-    stop_kubelet = None
-    if sim_cfg.fake_host:
-        from edge_agent.sim import kubelet as simkubelet
+    with ExitStack() as undo:  # a failure on the way leaves no tree or kubelet behind
+        if sim_cfg.fake_host:
+            scratch = tempfile.TemporaryDirectory(prefix="edge-agent-simhost-")
+            undo.callback(scratch.cleanup)
+            pids = simhost.default_pids(gpus * sim_cfg.processes_per_gpu, sim_cfg.seed)
+            host = simhost.build(Path(scratch.name), pids, sim_cfg.seed)
+            attribution = simhost.attribution_config(host, cfg.attribution)
+            cfg = dataclasses.replace(cfg, attribution=attribution)
+        sim = SimulatedNvml(
+            gpus,
+            seed=sim_cfg.seed,
+            mig=sim_cfg.mig,
+            processes_per_gpu=sim_cfg.processes_per_gpu,
+            profile=machine if sim_cfg.profile else None,
+            pids=pids,
+        )
+        sim.nvmlInit()
+        undo.callback(sim.nvmlShutdown)
+        stop_kubelet = None
+        if sim_cfg.fake_host:
+            from edge_agent.sim import kubelet as simkubelet
 
-        cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
-    mig_gpus = sim.profile.mig_gpus
-    mig = f", MIG on GPU {', '.join(map(str, mig_gpus))}" if mig_gpus else ""
-    banner = SIMULATION_BANNER.format(
-        profile=machine.name, summary=machine.summary, n=gpus, seed=sim_cfg.seed, mig=mig
-    )
-    _say(cfg, banner)
-    if scratch is not None:
-        log.info("simulated processes live in a fake host tree at %s", scratch.name)
+            cfg, stop_kubelet = simkubelet.attach(cfg, host, sim)
+            if stop_kubelet is not None:
+                undo.callback(stop_kubelet)
+        mig_gpus = sim.profile.mig_gpus
+        mig = f", MIG on GPU {', '.join(map(str, mig_gpus))}" if mig_gpus else ""
+        banner = SIMULATION_BANNER.format(
+            profile=machine.name, summary=machine.summary, n=gpus, seed=sim_cfg.seed, mig=mig
+        )
+        _say(cfg, banner)
+        if scratch is not None:
+            log.info("simulated processes live in a fake host tree at %s", scratch.name)
+        undo.pop_all()
     return Backend(sim, "simulated", cfg, scratch, [stop_kubelet] if stop_kubelet else [])

@@ -33,11 +33,15 @@ class PathSilent(AgentError):
 async def dial(host: str, port: int, timeout: float) -> socket.socket:
     """A connected, non-blocking TCP socket to ``host:port`` (each address ``host`` has, in
     order, within ``timeout`` seconds in all). Raises :class:`PathSilent` when no address
-    answered in time, ``OSError`` when one refused or was unreachable."""
+    answered in time (or the name was not resolved in time), ``OSError`` when one refused
+    or was unreachable."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    async with compat.timeout(max(timeout, 0.001)):
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:
+        async with compat.timeout(max(timeout, 0.001)):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except TIMEOUTS:  # a resolver that does not answer: nothing reached the gateway either
+        raise PathSilent(f"{host} not resolved within {timeout:g}s (a silent path)") from None
     error: OSError | None = None
     for family, kind, proto, _name, address in infos:
         sock = socket.socket(family, kind, proto)

@@ -72,8 +72,20 @@ def build_pipeline(
     clock: Callable[[], float] = time.time,
     timer: Callable[[], float] = time.perf_counter,
 ) -> Pipeline:
-    if backend_.jetson is not None:
-        return _jetson_pipeline(backend_, backend_.jetson, clock=clock, timer=timer)
+    """The collectors on ``backend_``; a failure gives the backend back (its temporary
+    tree, simulated kubelet, NVML) before it is raised."""
+    try:
+        if backend_.jetson is not None:
+            return _jetson_pipeline(backend_, backend_.jetson, clock=clock, timer=timer)
+        return _nvml_pipeline(backend_, clock=clock, timer=timer)
+    except BaseException:
+        backend_.close()
+        raise
+
+
+def _nvml_pipeline(
+    backend_: Backend, *, clock: Callable[[], float], timer: Callable[[], float]
+) -> Pipeline:
     cfg, lib, backend = backend_.cfg, backend_.lib, backend_.name
     assert lib is not None
     node = resolve_node_name(cfg.node_name, os.environ)

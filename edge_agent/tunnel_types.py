@@ -10,6 +10,7 @@ import asyncssh
 from edge_agent.config import TunnelConfig
 from edge_agent.credentials import load_pair
 from edge_agent.errors import AgentError
+from gpurelay.compat import TIMEOUTS
 from gpurelay.wire import WireError
 
 
@@ -35,7 +36,9 @@ class SessionEnded(Exception):  # not an error: what became of a session
     outage (issue 13: agents waited up to 60 s after a gateway's kill -9)."""
 
 
-RETRIED = (TunnelError, OSError, asyncssh.Error, WireError)  # a failed attempt: try again
+# A failed attempt: try again. TIMEOUTS: on Python 3.10 a timeout is asyncio.TimeoutError,
+# not an OSError as on 3.11; one that escaped a call would otherwise end the tunnel.
+RETRIED = (TunnelError, OSError, asyncssh.Error, WireError, *TIMEOUTS)
 
 
 class Unanswered(TunnelError):

@@ -3,6 +3,9 @@ JetPack it belongs to.
 
 Sources (docs/jetson.md):
 
+- the device tree, ``/sys/firmware/devicetree/base`` (``/proc/device-tree`` is an absolute
+  symlink to it, which a pod that mounts the host's ``/`` elsewhere cannot follow as it
+  is: :func:`~edge_agent.jetson.files.rooted` follows it under the host's root);
 - ``/proc/device-tree/model``: the model string, NUL-terminated ("NVIDIA Jetson AGX Orin
   Developer Kit");
 - ``/proc/device-tree/compatible``: NUL-separated, most specific first
@@ -24,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.jetson.files import Missing, read_bytes, read_text
+from edge_agent.jetson.files import Missing, read_bytes, read_text, rooted
 
 # L4T release -> JetPack, as NVIDIA's release notes pair them (the releases an agent on
 # Python >= 3.8 meets: JetPack 5 and later; JetPack 4 only to name older boards).
@@ -111,13 +114,25 @@ def parse_release(text: str) -> str:
     return f"{m.group(1)}.{m.group(2)}" if m else ""
 
 
-def read_board(proc_root: Path, etc_root: Path) -> Board:
+def device_tree(proc_root: Path, sys_root: Path) -> Path:
+    """Where the device tree is: the firmware's own directory, else ``/proc/device-tree``
+    (older kernels), its symlink followed under the host's root."""
+    firmware = sys_root / "firmware" / "devicetree" / "base"
+    if firmware.is_dir():
+        return firmware
+    return rooted(proc_root.parent, proc_root / "device-tree")
+
+
+def read_board(proc_root: Path, etc_root: Path, sys_root: Path | None = None) -> Board:
+    """``sys_root``: default ``proc_root``'s sibling ``sys/`` (the host's, as
+    :meth:`~edge_agent.jetson.files.JetsonRoots.under` lays them out)."""
     missing: list[Missing] = []
-    model = read_text(proc_root / "device-tree" / "model")
+    tree = device_tree(proc_root, sys_root if sys_root is not None else proc_root.parent / "sys")
+    model = read_text(tree / "model")
     if isinstance(model, Missing):
         missing.append(model)
         model = ""
-    compatible_path = proc_root / "device-tree" / "compatible"
+    compatible_path = tree / "compatible"
     raw = read_bytes(compatible_path)
     compatible: list[str] = []
     if isinstance(raw, Missing):
@@ -126,7 +141,7 @@ def read_board(proc_root: Path, etc_root: Path) -> Board:
         compatible = [c for c in raw.decode("utf-8", "replace").split("\x00") if c]
     soc = next((c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")), "")
     module = next((m.group(1) for c in compatible if (m := _MODULE.search(c))), "")
-    release_path = etc_root / "nv_tegra_release"
+    release_path = rooted(etc_root.parent, etc_root / "nv_tegra_release")
     release = read_text(release_path)
     if isinstance(release, Missing):
         missing.append(release)
@@ -135,7 +150,7 @@ def read_board(proc_root: Path, etc_root: Path) -> Board:
         l4t = parse_release(release)
         if not l4t:
             missing.append(Missing(release_path, f"not an L4T release line: {release[:60]!r}"))
-    serial = read_text(proc_root / "device-tree" / "serial-number")
+    serial = read_text(tree / "serial-number")
     if isinstance(serial, Missing):
         missing.append(serial)
         serial = ""
@@ -151,14 +166,17 @@ class PowerMode:
 
 def read_power_mode(etc_root: Path, var_root: Path) -> PowerMode | Missing:
     """The nvpmodel mode in force and its name, or why not known."""
-    conf_path = etc_root / "nvpmodel.conf"
+    conf_path = rooted(etc_root.parent, etc_root / "nvpmodel.conf")  # L4T: a symlink
     conf = read_text(conf_path, first_line=False)
     names = {} if isinstance(conf, Missing) else dict(_MODE_NAME.findall(conf))
-    status = read_text(var_root / "lib" / "nvpmodel" / "status")
+    status_path = rooted(var_root.parent, var_root / "lib" / "nvpmodel" / "status")
+    status = read_text(status_path)
     if not isinstance(status, Missing) and (m := _PMODE.search(status)):
         mode, source = str(int(m.group(1))), "status"
     elif isinstance(conf, Missing):
-        return conf if isinstance(status, Missing) else Missing(conf_path, conf.reason)
+        if isinstance(status, Missing):
+            return conf
+        return Missing(conf_path, f"{conf.reason}, and {status_path} has no pmode: {status[:40]!r}")
     elif m := _DEFAULT_MODE.search(conf):
         mode, source = m.group(1), "default"
     else:

@@ -16,7 +16,8 @@ Under DCGM's names, where the meaning is the same (docs/jetson.md):
 What has no DCGM field, as ``gpurelay_jetson_*``: the memory controller's clock and busy
 share, every thermal zone, every power rail (V, A, W), and the board (model, module, SoC,
 L4T release, JetPack) and its nvpmodel power mode. ``DCGM_FI_DEV_POWER_USAGE`` (W) only
-where a rail measures the GPU alone (Xavier's ``GPU``, TX2's ``VDD_SYS_GPU``); Orin has
+where a rail measures the GPU alone (Xavier's ``GPU``, TX2's ``VDD_SYS_GPU``, Nano's
+``POM_5V_GPU``); Orin has
 none (AGX Orin's ``VDD_GPU_SOC`` includes the SoC, Orin Nano/NX's ``VDD_CPU_GPU_CV`` the
 CPU and the vision engines), so it is left out there rather than over-stated.
 
@@ -73,7 +74,7 @@ def _family(name: str) -> Family:
 DCGM_NAMES: Final = (UTIL, CLOCK, TEMP, POWER, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL)
 NAMES: Final = (*DCGM_NAMES, BOARD, MODE, EMC_CLOCK, EMC_UTIL)
 # The rails that measure the GPU alone, by board (rbonghi/jetson_stats, docs/jetson.md)
-GPU_RAILS: Final = frozenset({"GPU", "VDD_GPU", "VDD_SYS_GPU"})
+GPU_RAILS: Final = frozenset({"GPU", "VDD_GPU", "VDD_SYS_GPU", "POM_5V_GPU"})
 NAMES_OF_SEVERAL: Final = (ZONE, VOLTS, AMPS, WATTS)  # one series per zone or rail
 FAMILIES: Final[tuple[Family, ...]] = tuple(_family(n) for n in (*NAMES, *NAMES_OF_SEVERAL))
 
@@ -143,7 +144,7 @@ class JetsonDeviceCollector:
         self._var = var_root if var_root is not None else etc_root.parent / "var"
         self.degraded = Degraded()
         self.errors: Counter[tuple[str, str]] = Counter()
-        self.board = read_board(proc_root, etc_root)
+        self.board = read_board(proc_root, etc_root, sys_root)
         self._gpu: GpuNode | Missing = find_gpu(sys_root)
         self.uuid = self._uuid = gpu_uuid(self.board, node)
         # DCGM's fields carry dcgm-exporter's labels; gpurelay_jetson_* the ones that

@@ -9,6 +9,7 @@ beside what it could read.
 from __future__ import annotations
 
 import errno
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,3 +87,43 @@ def read_value(path: Path, missing: list[Missing]) -> int | None:
         missing.append(value)
         return None
     return value
+
+
+def read_count(path: Path, missing: list[Missing]) -> int | None:
+    """:func:`read_value` of a quantity that cannot be negative (a clock, a count): a
+    negative one is garbled, and left out like an unreadable one."""
+    value = read_value(path, missing)
+    if value is not None and value < 0:
+        missing.append(Missing(path, f"negative: {value}"))
+        return None
+    return value
+
+
+def rooted(root: Path, path: Path, *, hops: int = 16) -> Path:
+    """``path`` under ``root`` (a host's ``/`` seen from a pod, or a fixture's tree), its
+    symlinks followed as the host follows them: an absolute target is the host's, so it is
+    taken under ``root`` too (``/proc/device-tree`` -> ``/sys/firmware/devicetree/base``,
+    L4T's ``/etc/nvpmodel.conf`` -> ``/etc/nvpmodel/...``). The same path where ``root``
+    is ``/``; where the chain is too long or leaves ``root``, the path as given."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return path
+    current = root
+    for part in parts:
+        current = current / part
+        for _ in range(hops):
+            if not current.is_symlink():
+                break
+            try:
+                target = Path(os.readlink(current))
+            except OSError:
+                return path
+            current = (
+                root / target.relative_to("/")
+                if target.is_absolute()
+                else (current.parent / target)
+            )
+        else:
+            return path
+    return current

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge_agent.jetson.files import Missing, read_text, read_value
+from edge_agent.jetson.files import Missing, read_count, read_text, read_value
 
 GPU_NODE_NAMES = frozenset({"ga10b", "gv11b", "gp10b", "gb10b", "gpu"})
 
@@ -88,9 +88,9 @@ def read_gpu(gpu: GpuNode) -> GpuReading:
         governor = read
     return GpuReading(
         load_per_mille=load,
-        frequency_hz=read_value(gpu.devfreq / "cur_freq", missing),
-        min_hz=read_value(gpu.devfreq / "min_freq", missing),
-        max_hz=read_value(gpu.devfreq / "max_freq", missing),
+        frequency_hz=read_count(gpu.devfreq / "cur_freq", missing),
+        min_hz=read_count(gpu.devfreq / "min_freq", missing),
+        max_hz=read_count(gpu.devfreq / "max_freq", missing),
         governor=governor,
         missing=tuple(missing),
     )
@@ -98,7 +98,7 @@ def read_gpu(gpu: GpuNode) -> GpuReading:
 
 def read_emc(sys_root: Path) -> EmcReading:
     missing: list[Missing] = []
-    rate = read_value(
+    rate = read_count(
         sys_root / "kernel" / "debug" / "bpmp" / "debug" / "clk" / "emc" / "rate", missing
     )
     activity: int | None = None
@@ -106,7 +106,7 @@ def read_emc(sys_root: Path) -> EmcReading:
         sys_root / "kernel" / "debug" / "cactmon" / "mc_all",
         sys_root / "kernel" / "actmon_avg_activity" / "mc_all",
     ):
-        activity = read_value(path, missing)
+        activity = read_count(path, missing)
         if activity is not None:
             break
     load = None

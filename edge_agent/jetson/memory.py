@@ -68,8 +68,10 @@ def read_nvmap_total(sys_root: Path) -> int | Missing:
         return text
     for line in text.splitlines():
         words = line.split()
-        if len(words) == 2 and words[0] == "total" and words[1].endswith("K"):
-            return int(words[1][:-1]) * 1024
+        if len(words) == 2 and words[0] == "total":
+            if words[1].endswith("K") and words[1][:-1].isdigit():
+                return int(words[1][:-1]) * 1024
+            return Missing(path, f"a total line that is not <n>K: {line.strip()[:40]!r}")
     return Missing(path, "no total line")
 
 

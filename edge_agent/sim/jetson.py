@@ -44,6 +44,7 @@ class BoardSpec:
     power_modes: tuple[tuple[int, str], ...] = ()
     default_mode: int = 0
     pmode: int | None = None
+    nvpmodel_link: bool = True  # /etc/nvpmodel.conf a symlink to /etc/nvpmodel/<board>.conf
 
 
 BOARDS: dict[str, BoardSpec] = {
@@ -185,6 +186,7 @@ BOARDS: dict[str, BoardSpec] = {
         power_modes=((0, "MAXN"), (1, "MODE_10W"), (2, "MODE_15W"), (3, "MODE_30W_ALL")),
         default_mode=2,
         pmode=3,
+        nvpmodel_link=False,  # r32: a plain file
     ),
 }
 
@@ -208,7 +210,11 @@ def build(root: Path, board: str) -> JetsonTree:
     sys_root, proc_root, etc_root = root / "sys", root / "proc", root / "etc"
     var_root = root / "var"
     _write(root / "README", f"SIMULATED {board}: a fake L4T sysfs/procfs tree, not a board.\n")
-    dt = proc_root / "device-tree"
+    # The device tree is the firmware's; /proc/device-tree is an absolute symlink to it,
+    # dangling here as on a host whose / is mounted elsewhere (a pod's /host)
+    dt = sys_root / "firmware" / "devicetree" / "base"
+    proc_root.mkdir(parents=True, exist_ok=True)
+    (proc_root / "device-tree").symlink_to("/sys/firmware/devicetree/base")
     _write(dt / "model", spec.model + "\x00")
     serial = int(hashlib.sha256(board.encode()).hexdigest(), 16) % 10**11
     _write(dt / "serial-number", f"14{serial:011d}\x00")
@@ -259,19 +265,7 @@ def build(root: Path, board: str) -> JetsonTree:
         )
     if spec.emc_mc_all is not None:
         _write(sys_root / "kernel" / spec.emc_actmon / "mc_all", f"{spec.emc_mc_all}\n")
-    if spec.power_modes:
-        modes = [
-            f"< POWER_MODEL ID={i} NAME={name} >\nCPU_ONLINE CORE_0 1\n"
-            for i, name in spec.power_modes
-        ]
-        _write(
-            etc_root / "nvpmodel.conf",
-            "< PARAM TYPE=FILE NAME=CPU_ONLINE >\n\n"
-            + "\n".join(modes)
-            + f"\n< PM_CONFIG DEFAULT={spec.default_mode} >\n",
-        )
-    if spec.pmode is not None:
-        _write(var_root / "lib" / "nvpmodel" / "status", f"pmode:{spec.pmode:04d} fmode:quiet\n")
+    _nvpmodel(etc_root, var_root, spec)
     return JetsonRoots(sys_root, proc_root, etc_root, var_root)
 
 
@@ -295,3 +289,25 @@ def _monitors(sys_root: Path, spec: BoardSpec) -> None:
                 _write(base / f"curr{c}_input", f"{ma}\n")
             _write(base / "in7_label", "sum of shunt voltages\n")
             _write(base / "in7_input", "40\n")
+
+
+def _nvpmodel(etc_root: Path, var_root: Path, spec: BoardSpec) -> None:
+    """nvpmodel.conf (its modes and boot default) and the mode nvpmodel -m last set."""
+    if spec.power_modes:
+        modes = [
+            f"< POWER_MODEL ID={i} NAME={name} >\nCPU_ONLINE CORE_0 1\n"
+            for i, name in spec.power_modes
+        ]
+        conf = (
+            "< PARAM TYPE=FILE NAME=CPU_ONLINE >\n\n"
+            + "\n".join(modes)
+            + f"\n< PM_CONFIG DEFAULT={spec.default_mode} >\n"
+        )
+        if spec.nvpmodel_link:  # JetPack 5 and 6: the board's file, linked absolutely
+            own = f"nvpmodel/nvpmodel_{spec.compatible[1].split(',')[1]}.conf"
+            _write(etc_root / own, conf)
+            (etc_root / "nvpmodel.conf").symlink_to(f"/etc/{own}")
+        else:
+            _write(etc_root / "nvpmodel.conf", conf)
+    if spec.pmode is not None:
+        _write(var_root / "lib" / "nvpmodel" / "status", f"pmode:{spec.pmode:04d} fmode:quiet\n")

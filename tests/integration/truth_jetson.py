@@ -16,7 +16,7 @@ from edge_agent.sim.jetson import BOARDS, BoardSpec
 from gpurelay.naming import by_old
 from tests.integration.truth_source import MIB, WHOLE, Device, NodeTruth, Process
 
-GPU_RAILS = ("GPU", "VDD_GPU", "VDD_SYS_GPU")  # a rail that measures the GPU alone
+GPU_RAILS = ("GPU", "VDD_GPU", "VDD_SYS_GPU", "POM_5V_GPU")  # a rail that measures the GPU alone
 
 
 def read_board_truth(

@@ -6,6 +6,7 @@ fake board, simulated or read as a host's files (``host_root``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 from edge_agent import backend as backends
 from edge_agent import cli, pipeline
-from edge_agent.config import AgentConfig, GpuConfig, SimulateConfig, load
+from edge_agent.config import AgentConfig, GpuConfig, KubernetesConfig, SimulateConfig, load
 from edge_agent.errors import ConfigError, NvmlUnavailable
 from edge_agent.jetson.board import PowerMode, read_power_mode
 from edge_agent.jetson.files import JetsonRoots, Missing
@@ -122,6 +123,46 @@ def test_auto_off_a_jetson_is_nvml_and_its_error(
         backends.open_backend(host_cfg(tmp_path))  # an empty root: no GPU devfreq node
 
 
+def test_auto_on_a_jetson_whose_gpu_driver_is_not_loaded_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvgpu is a module on r36 and may load after the agent: the board is a Jetson by its
+    L4T release, so auto does not fall back to NVML's error (the collector looks for the
+    GPU's node every cycle)."""
+    tree = build(tmp_path, "jetson-orin-nano")
+    shutil.rmtree(tree.sys_root / "class" / "devfreq")
+
+    def open_real() -> Any:
+        raise NvmlUnavailable("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(backends, "open_real", open_real)
+    assert backends.open_backend(host_cfg(tmp_path)).name == "jetson"
+
+
+def test_auto_on_another_arm_board_with_a_gpu_node_is_nvml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Mali GPU's devfreq node is named ``gpu`` too: without an L4T release or a Tegra
+    SoC the board is not a Jetson, and auto gives NVML's own error."""
+    device = tmp_path / "sys" / "devices" / "platform" / "fb000000.gpu"
+    (device / "of_node").mkdir(parents=True)
+    (device / "of_node" / "name").write_text("gpu\x00")
+    (device / "load").write_text("120\n")
+    node = tmp_path / "sys" / "class" / "devfreq" / "fb000000.gpu"
+    node.mkdir(parents=True)
+    (node / "device").symlink_to(device)
+    dt = tmp_path / "sys" / "firmware" / "devicetree" / "base"
+    dt.mkdir(parents=True)
+    (dt / "compatible").write_bytes(b"radxa,rock-5b\x00rockchip,rk3588\x00")
+
+    def open_real() -> Any:
+        raise NvmlUnavailable("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(backends, "open_real", open_real)
+    with pytest.raises(NvmlUnavailable):
+        backends.open_backend(host_cfg(tmp_path))
+
+
 def test_backend_is_validated(tmp_path: Path) -> None:
     (tmp_path / "a.toml").write_text('[gpu]\nbackend = "tegra"\n')
     with pytest.raises(ConfigError, match=r"gpu\.backend must be one of auto, nvml, jetson"):
@@ -130,7 +171,9 @@ def test_backend_is_validated(tmp_path: Path) -> None:
     assert cfg.gpu == GpuConfig(backend="jetson", host_root=Path("/host"))
 
 
-def test_simulate_names_a_board_with_one_gpu() -> None:
+def test_simulate_names_a_board_with_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [k for k in os.environ if k.startswith("EDGE_AGENT_")]:
+        monkeypatch.delenv(name)  # the command line alone decides here
     parse = cli._parser().parse_args
     cfg = cli._config(parse(["once", "--simulate", "jetson-orin"]))
     assert cfg.simulate.jetson and cfg.simulate.profile == "jetson-orin"
@@ -232,3 +275,27 @@ def test_dcgm_49_names_on_a_jetson_are_exact(tmp_path: Path) -> None:
     assert not {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"} & one.keys()
     declared = {f.name for f in snap.families}
     assert "DCGM_FI_DEV_FB_RESERVED_BYTES" in declared and "DCGM_FI_DEV_FB_USED" not in declared
+
+
+def test_a_pipeline_that_cannot_be_built_gives_its_backend_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure after the backend was opened (here: the kubelet API's CA cannot be read)
+    leaves no simulated board tree behind."""
+    cfg = AgentConfig(
+        node_name=NODE,
+        simulate=SimulateConfig(profile="jetson-orin"),
+        kubernetes=KubernetesConfig(
+            pod_labels=("app",),
+            api_server="https://127.0.0.1:6443",
+            token_file=tmp_path / "token",
+            ca_file=tmp_path / "no-such-ca.crt",
+        ),
+    )
+    opened = backends.open_backend(cfg)
+    assert opened.scratch is not None
+    scratch = Path(opened.scratch.name)
+    assert scratch.is_dir()
+    with pytest.raises(ConfigError, match="kubernetes"):
+        pipeline.build_pipeline(opened)
+    assert not scratch.exists()

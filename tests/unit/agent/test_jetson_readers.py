@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from edge_agent.jetson.board import parse_release, read_board
-from edge_agent.jetson.files import Missing
+from edge_agent.jetson.files import Missing, rooted
 from edge_agent.jetson.gpu import find_gpu, read_emc, read_gpu
-from edge_agent.jetson.memory import read_memory, read_nvmap_clients
+from edge_agent.jetson.memory import read_memory, read_nvmap_clients, read_nvmap_total
 from edge_agent.jetson.rails import read_rails
 from edge_agent.jetson.thermal import read_zones
 from edge_agent.sim.jetson import BOARDS, JetsonTree, build
@@ -138,13 +138,43 @@ def test_an_unreadable_or_garbled_zone_is_offline_not_zero(tmp_path: Path) -> No
 
 def test_a_board_the_agent_does_not_know(tmp_path: Path) -> None:
     tree = build(tmp_path, "jetson-orin")
-    dt = tree.proc_root / "device-tree"
+    dt = tree.sys_root / "firmware" / "devicetree" / "base"
     (dt / "compatible").write_bytes(b"nvidia,p9999-0000\x00nvidia,tegra999\x00")
     (tree.etc_root / "nv_tegra_release").write_text("something else\n")
     b = read_board(tree.proc_root, tree.etc_root)
     assert not b.known and b.soc == "tegra999" and b.l4t == "" and b.jetpack == ""
     assert b.module_name == b.model  # named by its model string
     assert any("not an L4T release line" in m.reason for m in b.missing)
+
+
+def test_the_device_tree_through_proc_s_absolute_symlink(tmp_path: Path) -> None:
+    """A kernel without /sys/firmware/devicetree, whose /proc/device-tree is an absolute
+    symlink: followed under the host's root (a pod's /host), not the reader's own /."""
+    tree = build(tmp_path, "jetson-orin-nano")
+    firmware = tree.sys_root / "firmware" / "devicetree" / "base"
+    firmware.rename(tmp_path / "dt-elsewhere")
+    link = tree.proc_root / "device-tree"
+    link.unlink()
+    link.symlink_to("/dt-elsewhere")
+    b = read_board(tree.proc_root, tree.etc_root, tree.sys_root)
+    assert b.model == BOARDS["jetson-orin-nano"].model and b.soc == "tegra234" and b.serial
+    assert not b.missing
+    assert rooted(tmp_path, link / "model") == tmp_path / "dt-elsewhere" / "model"
+    assert rooted(tmp_path, tmp_path / "no" / "such") == tmp_path / "no" / "such"
+    loop = tmp_path / "loop"
+    loop.symlink_to("/loop")  # a chain that never ends: the path as given
+    assert rooted(tmp_path, loop) == loop
+
+
+def test_a_garbled_nvmap_total_is_missing_not_a_crash(tmp_path: Path) -> None:
+    tree = build(tmp_path, "jetson-xavier")  # r32: the GPU's memory is this total
+    clients = tree.sys_root / "kernel" / "debug" / "nvmap" / "iovmm" / "clients"
+    for garbled in ("total 1.5K", "total K", "total -5K"):
+        clients.write_text(f"CLIENT PROCESS PID SIZE\nuser detectnet 2876 10K\n{garbled}\n")
+        total = read_nvmap_total(tree.sys_root)
+        assert isinstance(total, Missing) and "not <n>K" in total.reason, garbled
+    clients.write_text("CLIENT PROCESS PID SIZE\n")
+    assert read_nvmap_total(tree.sys_root) == Missing(clients, "no total line")
 
 
 def test_no_gpu_node_says_why(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from edge_agent.config import TunnelConfig
 from edge_agent.dial import PathSilent, dial
 from edge_agent.tunnel import Tunnel
 from edge_agent.tunnel_types import (
+    RETRIED,
     GatewaySilent,
     Refused,
     SessionEnded,
@@ -184,6 +185,28 @@ async def test_dial_tells_a_silent_path_from_a_refusal() -> None:
     finally:
         for sock in (*held, server):
             sock.close()
+
+
+async def test_a_resolver_that_does_not_answer_is_a_silent_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The name lookup is bounded by the dial timeout too, and its timeout is a silent path
+    (retried), on Python 3.10 as on 3.11: there a timeout is asyncio.TimeoutError, not an
+    OSError, and one that escaped the dial ended the tunnel for good."""
+    loop = asyncio.get_running_loop()
+
+    async def hangs(*_args: Any, **_kwargs: Any) -> Any:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(loop, "getaddrinfo", hangs)
+    started = time.monotonic()
+    with pytest.raises(PathSilent, match=r"gateway\.example not resolved within 0\.2s"):
+        await dial("gateway.example", 2222, 0.2)
+    assert time.monotonic() - started < 5.0
+
+
+def test_every_timeout_class_is_retried() -> None:
+    assert issubclass(asyncio.TimeoutError, RETRIED) and issubclass(TimeoutError, RETRIED)
 
 
 class SilentReader:
