@@ -48,8 +48,9 @@ class Backend:
     jetson: JetsonRoots | None = None  # where the Jetson's files are read
 
     def close(self) -> None:
-        """Give back what opening took (a pipeline that could not be built on it hands it
-        back here; a built one's :meth:`~edge_agent.pipeline.Pipeline.close` does it)."""
+        """Give back what opening took: the simulated kubelet, NVML, the temporary tree
+        (called by :meth:`~edge_agent.pipeline.Pipeline.close`, or by
+        :func:`~edge_agent.pipeline.build_pipeline` when the pipeline cannot be built)."""
         for close in reversed(self.on_close):
             with suppress(Exception):
                 close()

@@ -108,8 +108,6 @@ def _simulate(sim: SimulateConfig, value: str) -> SimulateConfig:
         raise ConfigError(
             f"--simulate {value}: no machine profile or Jetson board {name!r} (known: {known})"
         )
-    if name in BOARDS and count and int(count) != 1:
-        raise ConfigError(f"--simulate {value}: a Jetson has one integrated GPU")
     if count and int(count) < 1:
         raise ConfigError("--simulate needs at least 1 GPU")
     return dataclasses.replace(sim, gpus=int(count or 0), profile=name or sim.profile)

@@ -42,14 +42,24 @@ class Pipeline:
     """Everything a collection needs, opened at startup and closed at shutdown."""
 
     node: str
-    backend: str
-    lib: NvmlLib | None  # None on a Jetson
+    opened: Backend  # closed last: the simulated kubelet, NVML, the temporary tree
     collection: Collector
     xid: XidWatcher | None  # None on a Jetson (NVML's XID events only)
     attributor: Attributor
     driver_version: str = ""
-    scratch: tempfile.TemporaryDirectory[str] | None = None
-    on_close: list[Callable[[], None]] = field(default_factory=list)  # last first
+    on_close: list[Callable[[], None]] = field(default_factory=list)  # its own; last first
+
+    @property
+    def backend(self) -> str:
+        return self.opened.name
+
+    @property
+    def lib(self) -> NvmlLib | None:  # None on a Jetson
+        return self.opened.lib
+
+    @property
+    def scratch(self) -> tempfile.TemporaryDirectory[str] | None:
+        return self.opened.scratch
 
     def close(self) -> None:
         if self.xid is not None:
@@ -58,12 +68,8 @@ class Pipeline:
         for close in reversed(self.on_close):
             with suppress(Exception):
                 close()
-        self.collection.close()
-        if self.lib is not None:
-            with suppress(Exception):
-                self.lib.nvmlShutdown()
-        if self.scratch is not None:
-            self.scratch.cleanup()
+        self.collection.close()  # GPM samples, before NVML shuts down
+        self.opened.close()
 
 
 def build_pipeline(
@@ -154,13 +160,10 @@ def _nvml_pipeline(
         ", ".join(f"{d.index}={d.name}{' (MIG)' if d.mig else ''}" for d in devices) or "none",
     )
     on_close = [
-        *backend_.on_close,
         *([pods.close] if pods is not None else []),
         *([metadata.stop] if metadata is not None else []),
     ]
-    return Pipeline(
-        node, backend, lib, collection, xid, attributor, driver, backend_.scratch, on_close
-    )
+    return Pipeline(node, backend_, collection, xid, attributor, driver, on_close)
 
 
 def _collection(
@@ -255,10 +258,8 @@ def _jetson_pipeline(
     )
     for missing in b.missing:
         log.warning("Jetson board: %s", missing)
-    on_close = [*backend_.on_close, *([metadata.stop] if metadata is not None else [])]
-    return Pipeline(
-        node, backend_.name, None, collection, None, attributor, b.l4t, backend_.scratch, on_close
-    )
+    on_close = [metadata.stop] if metadata is not None else []
+    return Pipeline(node, backend_, collection, None, attributor, b.l4t, on_close)
 
 
 def _pod_metadata(cfg: AgentConfig, node: str) -> PodMetadata | None:

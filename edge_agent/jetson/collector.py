@@ -76,12 +76,11 @@ NAMES: Final = (*DCGM_NAMES, BOARD, MODE, EMC_CLOCK, EMC_UTIL)
 # The rails that measure the GPU alone, by board (rbonghi/jetson_stats, docs/jetson.md)
 GPU_RAILS: Final = frozenset({"GPU", "VDD_GPU", "VDD_SYS_GPU", "POM_5V_GPU"})
 NAMES_OF_SEVERAL: Final = (ZONE, VOLTS, AMPS, WATTS)  # one series per zone or rail
-FAMILIES: Final[tuple[Family, ...]] = tuple(_family(n) for n in (*NAMES, *NAMES_OF_SEVERAL))
 
 
 def families(naming: Naming) -> tuple[Family, ...]:
     """What the collector declares: DCGM's fields under ``naming``'s names."""
-    return tuple(_family(name_in(f.name, naming)) for f in FAMILIES)
+    return tuple(_family(name_in(n, naming)) for n in (*NAMES, *NAMES_OF_SEVERAL))
 
 
 _UUID_NAMESPACE: Final = uuid.UUID("9c1ae1c2-6f1c-5b4a-9a3e-6a65747369ff")  # ours, fixed

@@ -26,6 +26,7 @@ from gpurelay.enrollment import sign_token
 from harness.fleet import Pki, make_pki
 from harness.services import GatewayProc
 from harness.waiting import wait_until
+from harness.wheel import build_wheel, copy_source
 from tests.conftest import assert_shellcheck_clean
 
 REPO = Path(__file__).resolve().parents[2]
@@ -398,22 +399,8 @@ def test_refuses_a_python_older_than_310_and_says_what_a_jetson_needs(tmp_path: 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel of this repository, built from a copy (the checkout stays untouched)."""
-    src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    for package in ("gpurelay", "edge_agent", "cloud_gateway"):  # what pyproject.toml ships
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, "building a wheel of the repository failed:\n" + proc.stderr
-    (found,) = out.glob("edge_gpu_relay-*.whl")
-    return found
+    src = copy_source(tmp_path_factory.mktemp("src"))
+    return build_wheel(src, tmp_path_factory.mktemp("wheel"))
 
 
 def test_real_venv_install_rerun_and_upgrade(wheel: Path, tmp_path: Path) -> None:

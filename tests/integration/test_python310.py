@@ -39,6 +39,7 @@ from harness.ports import free_ports
 from harness.process import Process, clean_env
 from harness.services import GatewayProc
 from harness.waiting import wait_until
+from harness.wheel import build_wheel, copy_source
 from tests.promtool_support import unexpected_findings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,12 +71,7 @@ def _python310() -> str:
 @pytest.fixture(scope="module")
 def src310(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of what the wheel holds (the checkout stays untouched by the builds)."""
-    src = tmp_path_factory.mktemp("src310")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    for package in ("gpurelay", "edge_agent", "cloud_gateway"):
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    return src
+    return copy_source(tmp_path_factory.mktemp("src310"))
 
 
 @pytest.fixture(scope="module")
@@ -244,23 +240,7 @@ def test_the_installer_makes_the_services_venv_on_python310(src310: Path, tmp_pa
         copy = tmp_path / "python3.10"
         shutil.copytree(prefix, copy, symlinks=True)
         python = copy / python.resolve().relative_to(prefix)
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "-w",
-            str(wheels),
-            str(src310),
-        ],
-        check=True,
-        timeout=300,
-    )
-    (wheel,) = wheels.glob("edge_gpu_relay-*.whl")
+    wheel = build_wheel(src310, tmp_path / "wheels")
     root = tmp_path / "root"
     proc = subprocess.run(
         [
