@@ -230,7 +230,10 @@ def test_pod_labels_reach_process_container_and_device_series(
             procs = [
                 dict(s.labels) for s in snap.samples if s.name == "DCGM_CUSTOM_PROCESS_MEM_USED"
             ]
-            if any("app" in p for p in procs):
+            devices = [dict(s.labels) for s in snap.samples if s.name == "DCGM_FI_DEV_GPU_UTIL"]
+            # The metadata arrives from a thread: it may land between the device pass and
+            # the process pass of one collection, so wait until both have read it.
+            if any("app" in p for p in procs) and any("app" in d for d in devices):
                 break
             assert time.monotonic() < deadline, "pod labels never appeared"
             time.sleep(0.05)
@@ -249,7 +252,6 @@ def test_pod_labels_reach_process_container_and_device_series(
         dict(s.labels) for s in snap.samples if s.name == "DCGM_CUSTOM_CONTAINER_MEM_USED"
     ]
     assert containers and all(c["app"] == f"app-{c['PodName']}" for c in containers if c["PodName"])
-    devices = [dict(s.labels) for s in snap.samples if s.name == "DCGM_FI_DEV_GPU_UTIL"]
     held = [d for d in devices if d.get("pod")]
     assert held, "the simulated kubelet allocates GPUs to pods"
     assert all(d["app"] == f"app-{d['pod']}" and d["team"] == "edge" for d in held)
