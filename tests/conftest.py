@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import shutil
 import subprocess
@@ -207,3 +208,25 @@ def victoria_bin() -> Path:
         "victoria-metrics (Debian package `victoria-metrics`)",
         "EDGE_GPU_RELAY_REQUIRE_VICTORIA",
     )
+
+
+def _own_handlers(root: logging.Logger) -> list[logging.Handler]:
+    """The root logger's handlers less pytest's own (it adds and removes those per phase)."""
+    return [h for h in root.handlers if not type(h).__module__.startswith("_pytest")]
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs a CLI in-process installs its handler on the root logger, on the
+    sys.stderr of that test's capture; put back what was there so that the next test's
+    threads do not log to a closed stream ("--- Logging error ---" in CI's output)."""
+    root = logging.getLogger()
+    handlers, level = _own_handlers(root), root.level
+    yield
+    for handler in _own_handlers(root):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
