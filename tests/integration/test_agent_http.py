@@ -125,14 +125,18 @@ def test_agent_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
             'gpurelay_agent_info{version="0.1.0",backend="simulated",Hostname="bie-node-7"} 1'
             in r.text
         )
-        time.sleep(0.5)
-        again = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        cycles = [
-            float(line.split()[-1])
-            for line in again.splitlines()
-            if line.startswith("gpurelay_agent_collections_total ")
-        ]
-        assert cycles and cycles[0] >= 2  # the loop keeps collecting
+        deadline = time.monotonic() + 10
+        while True:  # the loop keeps collecting (every 0.2 s)
+            again = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            cycles = [
+                float(line.split()[-1])
+                for line in again.splitlines()
+                if line.startswith("gpurelay_agent_collections_total ")
+            ]
+            if cycles and cycles[0] >= 2:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, cycles
+            time.sleep(0.1)
         bie = httpx.get(f"http://127.0.0.1:{port}/v1/collect", timeout=2).json()
         assert list(bie) == ["bie-node-7"]
     finally:
@@ -251,8 +255,12 @@ def test_sighup_reloads_what_is_safe_and_names_the_rest(tmp_path: Path) -> None:
             f'listen = "127.0.0.1:{port + 1}"\ninterval_seconds = 0.2\nlog_level = "debug"\n'
         )
         proc.send_signal(signal.SIGHUP)
-        time.sleep(1.5)
-        assert cycles() >= first + 3  # the new interval is in force, on the old port
+        # the new interval is in force, on the old port: 3 more cycles within 10 s, where
+        # the old interval (30 s) gives none (polled: the process may be slow to reload)
+        deadline = time.monotonic() + 10
+        while cycles() < first + 3:
+            assert proc.poll() is None and time.monotonic() < deadline, (first, cycles())
+            time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=20)

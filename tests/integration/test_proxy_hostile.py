@@ -219,7 +219,7 @@ async def test_a_head_that_never_ends_is_cut_off_at_the_scrape_timeout(tmp_path:
                 headers={**AUTH, "X-Prometheus-Scrape-Timeout-Seconds": "0.5"},
             )
             assert r.status_code == 504 and f"edge-a:{PORT}" in r.text
-            assert time.monotonic() - started < 2.0
+            assert time.monotonic() - started < 5.0  # the 0.5 s asked, not the 10 s default
             await wait_for(lambda: up.closed[0])  # the channel was closed, not pooled
             assert _pooled(gw) == 0
             r = await client.get(f"/proxy/edge-a/{PORT}/metrics", headers=AUTH)
@@ -255,7 +255,7 @@ async def test_a_response_cut_short_is_not_pooled(tmp_path: Path) -> None:
                     f"/proxy/edge-a/{PORT}/cut-short",
                     headers={**AUTH, "X-Prometheus-Scrape-Timeout-Seconds": "0.5"},
                 )
-            assert time.monotonic() - started < 2.0
+            assert time.monotonic() - started < 5.0  # the 0.5 s asked, not the 10 s default
             await wait_for(lambda: up.closed[0])
             assert _pooled(gw) == 0
             assert gw.relay.requests == {504: 1}

@@ -264,8 +264,20 @@ async def test_gateway_metrics_pass_promtool(tmp_path: Path, promtool: Path) -> 
     async with running_gateway(gateway_config(pki)) as gw:
         async with running_agent(agent_config(pki, "edge-a", gw, gpus=2)):
             async with running_agent(agent_config(pki, "edge-b", gw)):
-                await wait_for(lambda: gw.ingest.stats.batches >= 4)
-                gw._refresh()
-                text = await metrics_text(gw)
-    assert 'Hostname="edge-a"' in text and 'Hostname="edge-b"' in text
+                # edge-a may send its 4 batches before edge-b has connected: wait for both
+                await wait_for(
+                    lambda: (
+                        {"edge-a", "edge-b"} <= set(gw.registry.states(time.time()))
+                        and gw.ingest.stats.batches >= 4
+                    ),
+                    what="both agents sending",
+                )
+                deadline = time.monotonic() + 15
+                while True:
+                    gw._refresh()
+                    text = await metrics_text(gw)
+                    if 'Hostname="edge-a"' in text and 'Hostname="edge-b"' in text:
+                        break
+                    assert time.monotonic() < deadline, "both nodes' series in /metrics"
+                    await asyncio.sleep(0.1)
     assert await asyncio.to_thread(unexpected_findings, promtool, text.encode()) == []

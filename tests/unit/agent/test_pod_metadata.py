@@ -195,6 +195,10 @@ def test_outside_a_pod_without_an_api_server_is_a_clear_error(tmp_path: Path) ->
         )
 
 
+def of(snap: Any, name: str) -> list[dict[str, str]]:
+    return [dict(s.labels) for s in snap.samples if s.name == name]
+
+
 def test_pod_labels_reach_process_container_and_device_series(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
@@ -227,13 +231,18 @@ def test_pod_labels_reach_process_container_and_device_series(
         while True:
             clock.advance(10)  # the process pass runs again
             snap = pipeline.collection.collect()
-            procs = [
-                dict(s.labels) for s in snap.samples if s.name == "DCGM_CUSTOM_PROCESS_MEM_USED"
+            procs = of(snap, "DCGM_CUSTOM_PROCESS_MEM_USED")
+            containers = of(snap, "DCGM_CUSTOM_CONTAINER_MEM_USED")
+            devices = of(snap, "DCGM_FI_DEV_GPU_UTIL")
+            # The metadata arrives from a thread: it may land in the middle of a collection
+            # (between two GPUs, or the device and the process pass), so wait for one that
+            # read it throughout.
+            owned = [
+                *(p for p in procs if p["PodName"]),
+                *(c for c in containers if c["PodName"]),
+                *(d for d in devices if d.get("pod")),
             ]
-            devices = [dict(s.labels) for s in snap.samples if s.name == "DCGM_FI_DEV_GPU_UTIL"]
-            # The metadata arrives from a thread: it may land between the device pass and
-            # the process pass of one collection, so wait until both have read it.
-            if any("app" in p for p in procs) and any("app" in d for d in devices):
+            if owned and all("app" in x for x in owned):
                 break
             assert time.monotonic() < deadline, "pod labels never appeared"
             time.sleep(0.05)
@@ -248,9 +257,6 @@ def test_pod_labels_reach_process_container_and_device_series(
             )
         else:
             assert "app" not in p  # a host process has no pod
-    containers = [
-        dict(s.labels) for s in snap.samples if s.name == "DCGM_CUSTOM_CONTAINER_MEM_USED"
-    ]
     assert containers and all(c["app"] == f"app-{c['PodName']}" for c in containers if c["PodName"])
     held = [d for d in devices if d.get("pod")]
     assert held, "the simulated kubelet allocates GPUs to pods"

@@ -86,7 +86,8 @@ async def test_a_slow_stat_does_not_stall_the_loop(
             await asyncio.sleep(0.05)
     assert lag.worst < BOUND, f"the loop stood still for {lag.worst:.2f} s"
     assert slow.threads and threading.main_thread().name not in slow.threads
-    assert watcher.current().nodes == {"edge-1", "edge-2"}  # it took effect all the same
+    # it took effect all the same (once the blocked look, in its thread, came back)
+    await eventually(lambda: watcher.current().nodes == {"edge-1", "edge-2"})
 
 
 async def test_a_hung_stat_is_one_look_reported_once_and_the_list_stays(
@@ -129,7 +130,9 @@ async def test_a_change_takes_effect_within_the_interval_without_a_login(
     seen = SlowStat(path, delay=0.0)
     monkeypatch.setattr(os, "stat", seen)
     rewrite(path, "node edge-1\nnode edge-2\n")
-    await asyncio.sleep(0.5)  # five intervals, no login
+    # no login meanwhile: the timer's looks, one at a time, each a stat; a second has begun
+    # only once the first (which saw the change) was applied
+    await eventually(lambda: len(seen.threads) >= 2)
     assert watcher.current().nodes == {"edge-1", "edge-2"}
     assert seen.threads and set(seen.threads) == {"revocation-look"}
 
