@@ -68,8 +68,9 @@ class GpuConfig:
 
     # "nvml": the NVIDIA driver's NVML (data-centre and desktop GPUs); "jetson": the kernel
     # files of an L4T board (its integrated GPU, which DCGM does not support and NVML
-    # answers little for); "auto": NVML when it lists a GPU that is not an integrated one,
-    # else the Jetson's files when the board has a GPU devfreq node, else NVML's error.
+    # answers little for); "auto": NVML, unless the host is a Jetson (an L4T release, or a
+    # Tegra SoC in the device tree) whose NVML is absent or lists only its integrated GPU:
+    # then the Jetson's files (edge_agent.backend).
     backend: str = "auto"
     # The host's root filesystem, under which the Jetson backend reads sys/, proc/, etc/
     # and var/: "/" on the host, the host's / mounted read-only (e.g. /host) in a pod.

@@ -145,20 +145,20 @@ class JetsonDeviceCollector:
         self.errors: Counter[tuple[str, str]] = Counter()
         self.board = read_board(proc_root, etc_root, sys_root)
         self._gpu: GpuNode | Missing = find_gpu(sys_root)
-        self.uuid = self._uuid = gpu_uuid(self.board, node)
+        self.uuid = gpu_uuid(self.board, node)
         # DCGM's fields carry dcgm-exporter's labels; gpurelay_jetson_* the ones that
         # name the GPU and the node only, in snake_case as Prometheus asks of new names
         # (the board's model and release are gpurelay_jetson_board_info's)
         self._labels: Labels = (
             ("gpu", "0"),
-            ("UUID", self._uuid),
+            ("UUID", self.uuid),
             ("device", "nvgpu"),
             ("modelName", self.board.module_name),
             (node_label, node),
             ("NodeName", node),
             (driver_label, self.board.l4t),
         )
-        self._own_labels: Labels = (("gpu", "0"), ("UUID", self._uuid), (node_label, node))
+        self._own_labels: Labels = (("gpu", "0"), ("UUID", self.uuid), (node_label, node))
         self._unsupported: dict[str, str] = {}
 
     def collect(self, sink: SampleSink) -> list[GpuInventory]:
@@ -201,7 +201,7 @@ class JetsonDeviceCollector:
         return [
             GpuInventory(
                 index=0,
-                uuid=self._uuid,
+                uuid=self.uuid,
                 name=self.board.module_name,
                 pci_bus_id="",
                 minor=0,

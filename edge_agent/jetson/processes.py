@@ -66,13 +66,11 @@ class JetsonProcessCollector:
         self._uuid = uuid
         self.degraded = degraded or Degraded()
         self.errors: Counter[str] = Counter()
-        self.pod_gpus: dict[tuple[str, str, str], set[str]] = {}
         self.pod_metadata: Callable[[str, str], Labels] = lambda _namespace, _pod: ()
 
     def collect(self, sink: SampleSink) -> None:
         for family in self.families:
             sink.declare(family)
-        self.pod_gpus = {}
         clients = read_nvmap_clients(self._sys)
         if isinstance(clients, Missing):
             self.degraded.report(
@@ -87,10 +85,6 @@ class JetsonProcessCollector:
             owner = owner_labels(self._node, a, ("0", self._uuid, ""), pod)
             mib = size / MIB
             sink.add("DCGM_CUSTOM_PROCESS_MEM_USED", process_labels(owner, pid, a, "nvmap"), mib)
-            if a.pod_name:
-                self.pod_gpus.setdefault((a.namespace, a.pod_name, a.k8s_container), set()).add(
-                    self._uuid
-                )
             if a.container_id:
                 sums = containers.setdefault((owner, a.container_id), ContainerSums(0.0, None))
                 sums.add(mib, None)
